@@ -1,0 +1,251 @@
+//! Write idem handlers in Rust.
+//!
+//! An idem handler is a WebAssembly component of the world
+//! `idem:handler/handler` (`wit/handler.wit`). The host calls its `handle`
+//! export once per delivered message, inside a database transaction that
+//! already holds the message's receipt. Everything the handler writes goes
+//! through that one transaction: when `handle` returns `Ok`, the host commits
+//! the receipt and the writes together and then acks the message; when it
+//! returns an error (or traps), the host rolls everything back.
+//!
+//! This crate holds the generated bindings ([`bindings`]) and a small API over
+//! them:
+//!
+//! - [`Handler`] and [`export_handler!`]: the entry point;
+//! - [`tx::execute`] and [`tx::query`] with [`params!`]: SQL on the host's
+//!   transaction, with `$1..$n` placeholders on every database;
+//! - [`Value`]: the typed SQL values, with `From` conversions;
+//! - [`DbError`] / [`DbErrorKind`]: why a statement failed, by kind;
+//! - [`HandlerError`]: `retry` (transient) or `reject` (permanent, dead-letter);
+//!   every [`DbError`] converts into it, so `?` works;
+//! - [`debug!`], [`info!`], [`warn!`], [`error!`]: lines in the host's log,
+//!   tagged with the handler and the message identity.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use idem_guest::{params, tx, HandlerError, Handler, Message};
+//!
+//! struct Credit;
+//!
+//! impl Handler for Credit {
+//!     fn handle(msg: Message) -> Result<(), HandlerError> {
+//!         // A payload that cannot be parsed never will be: reject it.
+//!         let text = msg.payload_str()?;
+//!         let amount: i64 = text.trim().parse().map_err(HandlerError::reject)?;
+//!         tx::execute(
+//!             "UPDATE accounts SET balance = balance + $1 WHERE account_id = $2",
+//!             params![amount, 73],
+//!         )?;
+//!         idem_guest::info!("credited {amount} for {}", msg.identity);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! idem_guest::export_handler!(Credit);
+//! ```
+//!
+//! # Building
+//!
+//! Build the crate as a `cdylib` for `wasm32-unknown-unknown` (a guest built
+//! for `wasm32-wasip2` imports WASI interfaces that idem does not provide),
+//! then wrap the core module into a component:
+//!
+//! ```text
+//! cargo build --release --target wasm32-unknown-unknown
+//! wasm-tools component new target/wasm32-unknown-unknown/release/my_handler.wasm -o my_handler.wasm
+//! ```
+//!
+//! A panic aborts the guest (a trap; its message goes to the host's log first):
+//! the host rolls back and treats it like a retry, dead-lettering the message
+//! once its deliveries run out.
+
+mod value;
+
+pub use value::{DbError, DbErrorKind, HandlerError, Message, Rows, Value};
+
+/// The bindings `wit-bindgen` generates for the world `idem:handler/handler`.
+///
+/// Prefer the API at the crate root; these are here for what it does not cover.
+#[allow(missing_docs, clippy::too_many_arguments)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "handler",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "export",
+        default_bindings_module: "idem_guest::bindings",
+    });
+}
+
+/// What a handler implements: one call per delivered message.
+///
+/// Return `Ok(())` to commit, [`HandlerError::Retry`] to roll back and have the
+/// message delivered again later, [`HandlerError::Reject`] to roll back and
+/// dead-letter it. Register the type with [`export_handler!`].
+pub trait Handler {
+    /// Handles one message inside the host's transaction.
+    fn handle(msg: Message) -> Result<(), HandlerError>;
+}
+
+/// Exports a [`Handler`] as the component's `handle` function.
+///
+/// Use it once per crate, at the top level:
+///
+/// ```no_run
+/// struct Noop;
+/// impl idem_guest::Handler for Noop {
+///     fn handle(_msg: idem_guest::Message) -> Result<(), idem_guest::HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// idem_guest::export_handler!(Noop);
+/// ```
+#[macro_export]
+macro_rules! export_handler {
+    ($handler:ty) => {
+        const _: () = {
+            struct __IdemExport;
+            impl $crate::bindings::Guest for __IdemExport {
+                fn handle(
+                    msg: $crate::Message,
+                ) -> ::core::result::Result<(), $crate::HandlerError> {
+                    $crate::__private::install_panic_hook();
+                    <$handler as $crate::Handler>::handle(msg)
+                }
+            }
+    $crate::bindings::export!(__IdemExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    /// Sends a panic's message and location to the host's log before the
+    /// abort turns it into a trap (wasm32-unknown-unknown has no stderr).
+    pub fn install_panic_hook() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            std::panic::set_hook(Box::new(|info| {
+                let payload = info.payload();
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("(no message)");
+                let at = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                crate::log::error(&format!("guest panicked{at}: {msg}"));
+            }));
+        });
+    }
+}
+
+/// Builds a `&[Value]` parameter list from anything that converts into [`Value`].
+///
+/// ```
+/// use idem_guest::{params, Value};
+/// let p: &[Value] = params![73, "evt_8142", 2.5, true, None::<i64>];
+/// assert_eq!(p[0], Value::Integer(73));
+/// assert_eq!(p[4], Value::Null);
+/// ```
+#[macro_export]
+macro_rules! params {
+    () => {
+        &[] as &[$crate::Value]
+    };
+    ($($value:expr),+ $(,)?) => {
+        &[$($crate::Value::from($value)),+] as &[$crate::Value]
+    };
+}
+
+/// SQL on the host's open transaction for the current message.
+///
+/// Statements use `$1..$n` placeholders on every database. The host checks
+/// each statement before it runs: only single SELECT / INSERT / UPDATE /
+/// DELETE statements on the tables granted to this handler pass; anything else
+/// comes back as a [`DbErrorKind::Denied`] error. A handler also has a budget of
+/// statements per message and of rows per query.
+pub mod tx {
+    use crate::bindings::idem::handler::transaction;
+    use crate::{DbError, Rows, Value};
+
+    /// Runs one INSERT, UPDATE or DELETE and returns the number of rows it affected.
+    ///
+    /// ```no_run
+    /// use idem_guest::{params, tx, DbErrorKind};
+    /// match tx::execute("INSERT INTO seen (event_id) VALUES ($1)", params!["evt_1"]) {
+    ///     Ok(_) => {}
+    ///     Err(e) if e.kind == DbErrorKind::UniqueViolation => { /* already applied */ }
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), idem_guest::HandlerError>(())
+    /// ```
+    pub fn execute(sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        transaction::execute(sql, params)
+    }
+
+    /// Runs one SELECT (or a statement with RETURNING) and returns its rows.
+    ///
+    /// ```no_run
+    /// use idem_guest::{params, tx};
+    /// let rows = tx::query("SELECT balance FROM accounts WHERE account_id = $1", params![73])?;
+    /// let balance = rows.get(0, "balance").and_then(|v| v.as_i64()).unwrap_or(0);
+    /// # Ok::<(), idem_guest::HandlerError>(())
+    /// ```
+    pub fn query(sql: &str, params: &[Value]) -> Result<Rows, DbError> {
+        transaction::query(sql, params)
+    }
+}
+
+/// Lines for the host's log. The host tags each line with the handler and the
+/// message identity, and caps the bytes one message may log.
+///
+/// The macros [`debug!`], [`info!`], [`warn!`] and [`error!`] format their
+/// arguments like `format!`.
+pub mod log {
+    use crate::bindings::idem::handler::log::{Level, log};
+
+    /// Logs a debug line.
+    pub fn debug(message: &str) {
+        log(Level::Debug, message);
+    }
+    /// Logs an info line.
+    pub fn info(message: &str) {
+        log(Level::Info, message);
+    }
+    /// Logs a warning.
+    pub fn warn(message: &str) {
+        log(Level::Warn, message);
+    }
+    /// Logs an error line.
+    pub fn error(message: &str) {
+        log(Level::Error, message);
+    }
+}
+
+/// Logs a debug line, formatted like `format!`.
+#[macro_export]
+macro_rules! debug {
+    ($($arg:tt)+) => { $crate::log::debug(&::std::format!($($arg)+)) };
+}
+
+/// Logs an info line, formatted like `format!`: `idem_guest::info!("credited {amount}")`.
+#[macro_export]
+macro_rules! info {
+    ($($arg:tt)+) => { $crate::log::info(&::std::format!($($arg)+)) };
+}
+
+/// Logs a warning, formatted like `format!`.
+#[macro_export]
+macro_rules! warn {
+    ($($arg:tt)+) => { $crate::log::warn(&::std::format!($($arg)+)) };
+}
+
+/// Logs an error line, formatted like `format!`.
+#[macro_export]
+macro_rules! error {
+    ($($arg:tt)+) => { $crate::log::error(&::std::format!($($arg)+)) };
+}

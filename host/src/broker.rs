@@ -1,0 +1,204 @@
+//! The JetStream side: connect, make sure the stream and the durable pull
+//! consumer exist, hand out messages, and ack / nak / term them.
+//!
+//! Facts this module is written around (async-nats 0.51, checked in DESIGN.md):
+//! - `ack()` returning `Ok` only means queued in the client; `double_ack()`
+//!   waits for the server's reply (a *confirmed* ack) but is still only a hint
+//!   to stop redelivering: the receipt, not the ack, keeps an effect single.
+//! - A consumer-stream error (missed heartbeat, consumer deleted, broker
+//!   restart) is an `Err` item, not the end of the stream: [`Deliveries`]
+//!   logs it and keeps pulling, re-creating the pull stream when needed.
+//! - `Nak(Some(delay))` redelivers after the delay; past `max_deliver` JetStream
+//!   stops delivering without telling us, so the pipeline dead-letters on the
+//!   last allowed delivery itself.
+
+use crate::config::HandlerConfig;
+use anyhow::Context as _;
+use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
+use futures::StreamExt;
+use std::time::Duration;
+
+/// Heartbeat asked of the server for each pull request (JetStream sends an idle
+/// heartbeat when no messages flow; two missed ones surface as an error item).
+const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long one pull request stays open on the server.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
+
+/// Connects to the broker. Error: one line naming the URL and what to check.
+pub async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
+    let client = async_nats::ConnectOptions::new()
+        .name("idem")
+        .retry_on_initial_connect()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .with_context(|| format!("cannot connect to NATS at {url}; check [broker] url and that nats-server runs with -js"))?;
+    // `retry_on_initial_connect` returns at once; prove the server answers.
+    tokio::time::timeout(Duration::from_secs(10), client.flush())
+        .await
+        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {url} within 10s; check [broker] url and that nats-server runs"))?
+        .with_context(|| format!("cannot reach NATS at {url}"))?;
+    Ok(jetstream::new(client))
+}
+
+/// Makes sure the handler's stream exists (creating it with the handler's
+/// subjects if not) and returns its durable pull consumer, created if missing.
+/// The consumer name is the handler name; it filters on the handler's
+/// subjects, acks explicitly and stops redelivering after `max_deliver`.
+pub async fn ensure_consumer(
+    js: &jetstream::Context,
+    handler: &HandlerConfig,
+    max_ack_pending: i64,
+) -> anyhow::Result<jetstream::consumer::Consumer<pull::Config>> {
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: handler.stream.clone(),
+            subjects: handler.subjects.clone(),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "handler `{}`: cannot get or create stream `{}`; check that JetStream is enabled and the subjects do not overlap another stream",
+                handler.name, handler.stream
+            )
+        })?;
+    let filter_subjects = if handler.subjects.len() == 1 {
+        Vec::new()
+    } else {
+        handler.subjects.clone()
+    };
+    let filter_subject = if handler.subjects.len() == 1 {
+        handler.subjects[0].clone()
+    } else {
+        String::new()
+    };
+    let consumer = stream
+        .get_or_create_consumer(
+            &handler.name,
+            pull::Config {
+                durable_name: Some(handler.name.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: handler.ack_wait,
+                max_deliver: i64::from(handler.max_deliver),
+                max_ack_pending,
+                filter_subject,
+                filter_subjects,
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "handler `{}`: cannot get or create durable consumer on stream `{}`",
+                handler.name, handler.stream
+            )
+        })?;
+    Ok(consumer)
+}
+
+/// An endless source of deliveries for one consumer. Errors from the
+/// underlying pull stream are logged and survived; only shutdown ends it.
+pub struct Deliveries {
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    batch: usize,
+    stream: Option<pull::Stream>,
+    handler: String,
+}
+
+impl Deliveries {
+    /// `batch`: messages requested per pull; keep it small enough that a full
+    /// batch is processed well within `ack_wait`.
+    pub fn new(
+        consumer: jetstream::consumer::Consumer<pull::Config>,
+        batch: usize,
+        handler: &str,
+    ) -> Self {
+        Self {
+            consumer,
+            batch: batch.max(1),
+            stream: None,
+            handler: handler.to_string(),
+        }
+    }
+
+    /// The next message. Never returns on a broker error: it logs, waits with
+    /// backoff and pulls again.
+    pub async fn next(&mut self) -> jetstream::Message {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if self.stream.is_none() {
+                match self
+                    .consumer
+                    .stream()
+                    .max_messages_per_batch(self.batch)
+                    .heartbeat(PULL_HEARTBEAT)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await
+                {
+                    Ok(s) => self.stream = Some(s),
+                    Err(e) => {
+                        tracing::warn!(handler = %self.handler, error = %e, "cannot start pulling; retrying in {backoff:?}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                continue;
+            };
+            match stream.next().await {
+                Some(Ok(msg)) => return msg,
+                Some(Err(e)) => {
+                    use pull::MessagesErrorKind as K;
+                    tracing::warn!(handler = %self.handler, error = %e, "consumer stream error; still pulling");
+                    if matches!(
+                        e.kind(),
+                        K::ConsumerDeleted | K::RequestLimitExceeded | K::PushBasedConsumer
+                    ) {
+                        self.stream = None;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                None => {
+                    tracing::warn!(handler = %self.handler, "consumer stream ended; pulling again");
+                    self.stream = None;
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+}
+
+/// Confirmed ack: waits for the server's reply. See the module docs for why
+/// even `Ok` is only a hint.
+pub async fn ack(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
+    msg.double_ack().await
+}
+
+/// Negative ack: deliver again after `delay`.
+pub async fn nak(msg: &jetstream::Message, delay: Duration) -> Result<(), async_nats::Error> {
+    msg.ack_with(AckKind::Nak(Some(delay))).await
+}
+
+/// Terminate: never deliver this message again. Used only after a durable dead letter.
+pub async fn term(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
+    msg.double_ack_with(AckKind::Term).await
+}
+
+/// Tells the server the message is still being worked on (resets `ack_wait`).
+pub async fn in_progress(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
+    msg.ack_with(AckKind::Progress).await
+}
+
+/// Pending work of a consumer: messages not yet delivered plus delivered but
+/// not yet acked (including naked ones waiting for their delay).
+pub async fn outstanding(
+    consumer: &mut jetstream::consumer::Consumer<pull::Config>,
+) -> anyhow::Result<u64> {
+    let info = consumer.info().await?;
+    Ok(info.num_pending + info.num_ack_pending as u64)
+}

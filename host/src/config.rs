@@ -1,0 +1,331 @@
+//! The `idem.toml` configuration: broker, database and one `[[handler]]` table
+//! per handler. Parsing and validation only; nothing here connects anywhere.
+//!
+//! ```toml
+//! [broker]
+//! url = "nats://127.0.0.1:4222"
+//! [database]
+//! url = "postgres://postgres@127.0.0.1/test"   # default: sqlite://idem.db
+//! [[handler]]
+//! name = "credit-projector"
+//! module = "target/guests/credit.wasm"
+//! stream = "ACCOUNTS"
+//! subjects = ["accounts.credit"]
+//! identity = "json:/event_id"
+//! tables = ["accounts"]
+//! migrations = "examples/credit/migrations"
+//! ```
+//!
+//! Relative paths (`module`, `migrations`) are resolved against the directory
+//! of the config file.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The database used when `[database] url` is absent: an embedded SQLite file
+/// in the working directory, so a first run needs nothing but the broker.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
+
+/// A configuration error, one line: what is wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub broker: BrokerConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(rename = "handler", default)]
+    pub handlers: Vec<HandlerConfig>,
+}
+
+/// `[broker]`: the NATS server with JetStream enabled.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// `nats://host:port`.
+    pub url: String,
+}
+
+/// `[database]`: where receipts and handler effects are written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `postgres://…` or `sqlite://path`. Default [`DEFAULT_DATABASE_URL`].
+    #[serde(default = "default_database_url")]
+    pub url: String,
+    /// Pool size. Default 8.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: default_database_url(),
+            max_connections: default_max_connections(),
+        }
+    }
+}
+
+fn default_database_url() -> String {
+    DEFAULT_DATABASE_URL.to_string()
+}
+fn default_max_connections() -> u32 {
+    8
+}
+
+/// One `[[handler]]`: a component, the stream it reads and the tables it may write.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// The JetStream durable consumer name and the `consumer` part of every
+    /// receipt key. JetStream allows no `.`, `*`, `>` or whitespace in it.
+    pub name: String,
+    /// Path to the component (`.wasm`) implementing world `idem:handler/handler`.
+    pub module: PathBuf,
+    /// The stream to consume; created with `subjects` if it does not exist.
+    pub stream: String,
+    /// Subjects the stream captures (used only when idem creates the stream)
+    /// and that this consumer filters on.
+    pub subjects: Vec<String>,
+    /// Where the message identity comes from: `header:NAME` or `json:/pointer`.
+    #[serde(default = "default_identity")]
+    pub identity: IdentityRule,
+    /// Tables the handler's SQL may touch. Everything else is denied.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Directory of sqlx migrations (`NNNN_name.sql`) applied at start, recorded per handler.
+    pub migrations: Option<PathBuf>,
+    /// JetStream `max_deliver`: deliveries before a failing message is dead-lettered. Default 5.
+    #[serde(default = "default_max_deliver")]
+    pub max_deliver: u32,
+    /// JetStream `ack_wait`. Default 30 s.
+    #[serde(default = "default_ack_wait", with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Delay before a retried message is delivered again (nak delay). Default 1 s.
+    #[serde(default = "default_retry_delay", with = "humantime_serde")]
+    pub retry_delay: Duration,
+    /// Wall-clock deadline for one `handle` call. Default 5 s.
+    #[serde(default = "default_deadline", with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Messages requested per pull. Keep a full batch well within `ack_wait`
+    /// at the handler's processing rate. Default 16.
+    #[serde(default = "default_pull_batch")]
+    pub pull_batch: usize,
+    /// Linear memory cap per instance, in MiB. Default 64.
+    #[serde(default = "default_memory_mib")]
+    pub max_memory_mib: u32,
+}
+
+fn default_identity() -> IdentityRule {
+    IdentityRule::Header("Nats-Msg-Id".to_string())
+}
+fn default_max_deliver() -> u32 {
+    5
+}
+fn default_ack_wait() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_retry_delay() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_deadline() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_pull_batch() -> usize {
+    16
+}
+fn default_memory_mib() -> u32 {
+    64
+}
+
+/// Where a message's identity is read from. Never invented: a message without
+/// one is dead-lettered (DESIGN.md invariant 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityRule {
+    /// `header:NAME`: the value of a NATS header, e.g. `Nats-Msg-Id`.
+    Header(String),
+    /// `json:/pointer`: an RFC 6901 JSON pointer into the payload; the value
+    /// must be a non-empty string or an integer.
+    JsonPointer(String),
+}
+
+impl std::str::FromStr for IdentityRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(name) = s.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err("identity `header:` needs a header name, e.g. header:Nats-Msg-Id".into());
+            }
+            Ok(IdentityRule::Header(name.to_string()))
+        } else if let Some(ptr) = s.strip_prefix("json:") {
+            if !ptr.starts_with('/') {
+                return Err(format!(
+                    "identity `{s}`: a JSON pointer starts with `/`, e.g. json:/event_id"
+                ));
+            }
+            Ok(IdentityRule::JsonPointer(ptr.to_string()))
+        } else {
+            Err(format!(
+                "identity `{s}` must be `header:NAME` or `json:/pointer`"
+            ))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for IdentityRule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates `path`; resolves relative paths against its directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let mut config: Config =
+            toml::from_str(&text).map_err(|e| invalid(one_line(&e.to_string())))?;
+        config.validate().map_err(invalid)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for h in &mut config.handlers {
+            if h.module.is_relative() {
+                h.module = base.join(&h.module);
+            }
+            if let Some(m) = &h.migrations {
+                if m.is_relative() {
+                    h.migrations = Some(base.join(m));
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: names, duplicates, ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.handlers.is_empty() {
+            return Err("no [[handler]] tables: add at least one handler".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for h in &self.handlers {
+            let valid_name = |s: &str| {
+                !s.is_empty()
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            };
+            if !valid_name(&h.name) {
+                return Err(format!(
+                    "handler name `{}` may use only letters, digits, `-` and `_` (it is a JetStream durable name)",
+                    h.name
+                ));
+            }
+            if !seen.insert(h.name.as_str()) {
+                return Err(format!("handler name `{}` appears twice", h.name));
+            }
+            if !valid_name(&h.stream) {
+                return Err(format!(
+                    "handler `{}`: stream `{}` may use only letters, digits, `-` and `_`",
+                    h.name, h.stream
+                ));
+            }
+            if h.subjects.is_empty() {
+                return Err(format!("handler `{}`: `subjects` is empty", h.name));
+            }
+            if h.max_deliver == 0 {
+                return Err(format!("handler `{}`: max_deliver must be at least 1", h.name));
+            }
+            if h.pull_batch == 0 || h.pull_batch > 1000 {
+                return Err(format!(
+                    "handler `{}`: pull_batch must be between 1 and 1000",
+                    h.name
+                ));
+            }
+            if h.max_memory_mib == 0 || h.max_memory_mib > 4096 {
+                return Err(format!(
+                    "handler `{}`: max_memory_mib must be between 1 and 4096",
+                    h.name
+                ));
+            }
+            for t in &h.tables {
+                if t.to_ascii_lowercase().starts_with("idem_") {
+                    return Err(format!(
+                        "handler `{}`: table `{t}` belongs to idem and cannot be granted",
+                        h.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, String> {
+        let c: Config = toml::from_str(s).map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    const OK: &str = r#"
+[broker]
+url = "nats://127.0.0.1:4222"
+[[handler]]
+name = "credit-projector"
+module = "credit.wasm"
+stream = "ACCOUNTS"
+subjects = ["accounts.credit"]
+identity = "json:/event_id"
+tables = ["accounts"]
+ack_wait = "10s"
+"#;
+
+    #[test]
+    fn parses_defaults() {
+        let c = parse(OK).unwrap();
+        assert_eq!(c.database.url, "sqlite://idem.db");
+        let h = &c.handlers[0];
+        assert_eq!(h.identity, IdentityRule::JsonPointer("/event_id".into()));
+        assert_eq!(h.ack_wait, Duration::from_secs(10));
+        assert_eq!(h.max_deliver, 5);
+        assert_eq!(h.deadline, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn rejects_bad_identity_and_names() {
+        let bad = OK.replace("json:/event_id", "json:event_id");
+        assert!(parse(&bad).unwrap_err().contains("starts with `/`"));
+        let bad = OK.replace("credit-projector", "credit.projector");
+        assert!(parse(&bad).unwrap_err().contains("handler name"));
+        let bad = OK.replace("[\"accounts\"]", "[\"idem_receipts\"]");
+        assert!(parse(&bad).unwrap_err().contains("belongs to idem"));
+        let bad = OK.replace("ack_wait", "ack_wiat");
+        assert!(parse(&bad).unwrap_err().contains("unknown field"));
+    }
+}

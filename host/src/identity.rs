@@ -1,0 +1,82 @@
+//! Reads a message's identity by the handler's [`IdentityRule`]. The identity
+//! is the `message_id` half of the receipt key, so it must be stable across
+//! redelivery; when it is missing the message is dead-lettered, never given
+//! an invented one (DESIGN.md invariant 6).
+
+use crate::config::IdentityRule;
+
+/// Longest identity accepted, in bytes. Longer values are treated as missing
+/// identity (they would bloat the receipts' primary key index).
+pub const MAX_IDENTITY_BYTES: usize = 512;
+
+/// Extracts the identity from headers or payload. `Err` is the one-line
+/// dead-letter reason.
+pub fn extract(
+    rule: &IdentityRule,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+) -> Result<String, String> {
+    let id = match rule {
+        IdentityRule::Header(name) => headers
+            .and_then(|h| h.get(name.as_str()))
+            .map(|v| v.as_str().trim().to_string())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("missing identity: no `{name}` header"))?,
+        IdentityRule::JsonPointer(ptr) => {
+            let doc: serde_json::Value = serde_json::from_slice(payload).map_err(|e| {
+                format!("missing identity: payload is not JSON ({e}), so `{ptr}` cannot be read")
+            })?;
+            match doc.pointer(ptr) {
+                Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                Some(other) => {
+                    return Err(format!(
+                        "missing identity: `{ptr}` is {}, not a non-empty string or integer",
+                        json_kind(other)
+                    ));
+                }
+                None => return Err(format!("missing identity: payload has no `{ptr}`")),
+            }
+        }
+    };
+    if id.len() > MAX_IDENTITY_BYTES {
+        return Err(format!(
+            "missing identity: identity is {} bytes, more than {MAX_IDENTITY_BYTES}",
+            id.len()
+        ));
+    }
+    Ok(id)
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a non-integer number",
+        serde_json::Value::String(_) => "an empty string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn json_pointer_and_header() {
+        let rule = IdentityRule::JsonPointer("/event_id".into());
+        assert_eq!(extract(&rule, None, br#"{"event_id":"evt_1"}"#).unwrap(), "evt_1");
+        assert_eq!(extract(&rule, None, br#"{"event_id":42}"#).unwrap(), "42");
+        assert!(extract(&rule, None, br#"{"event_id":""}"#).unwrap_err().contains("empty string"));
+        assert!(extract(&rule, None, br#"{"x":1}"#).unwrap_err().contains("has no `/event_id`"));
+        assert!(extract(&rule, None, b"nope").unwrap_err().contains("not JSON"));
+
+        let rule = IdentityRule::Header("Nats-Msg-Id".into());
+        let mut h = async_nats::HeaderMap::new();
+        assert!(extract(&rule, Some(&h), b"").unwrap_err().contains("no `Nats-Msg-Id` header"));
+        h.insert("Nats-Msg-Id", "m-7");
+        assert_eq!(extract(&rule, Some(&h), b"").unwrap(), "m-7");
+    }
+}

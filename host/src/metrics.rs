@@ -1,0 +1,73 @@
+//! Per-handler counters of the protocol's outcomes (the signals seed 001 names:
+//! duplicates skipped, retries, dead letters). Cheap atomics, read by the
+//! periodic stats line, the shutdown summary and the tests.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Counters for one handler since the host started. All counts are messages
+/// (deliveries), not rows.
+#[derive(Debug, Default)]
+pub struct HandlerStats {
+    /// Deliveries taken from the broker.
+    pub delivered: AtomicU64,
+    /// Effects committed (new receipt + handler writes).
+    pub processed: AtomicU64,
+    /// Deliveries whose identity already had a receipt: rolled back and acked.
+    pub duplicates: AtomicU64,
+    /// Deliveries rolled back and naked for a later delivery (guest retry, trap, store error).
+    pub retried: AtomicU64,
+    /// Messages written to the dead-letter table and termed.
+    pub dead_lettered: AtomicU64,
+    /// Guest traps (deadline, memory, panic): each also counted as retried or dead-lettered.
+    pub traps: AtomicU64,
+    /// Confirmed acks that failed after a commit (the receipt covers the redelivery).
+    pub ack_failures: AtomicU64,
+}
+
+/// A point-in-time copy of [`HandlerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub delivered: u64,
+    pub processed: u64,
+    pub duplicates: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub traps: u64,
+    pub ack_failures: u64,
+}
+
+impl HandlerStats {
+    /// Adds one to a counter.
+    pub fn incr(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            delivered: self.delivered.load(Relaxed),
+            processed: self.processed.load(Relaxed),
+            duplicates: self.duplicates.load(Relaxed),
+            retried: self.retried.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
+            traps: self.traps.load(Relaxed),
+            ack_failures: self.ack_failures.load(Relaxed),
+        }
+    }
+}
+
+impl std::fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={}",
+            self.delivered,
+            self.processed,
+            self.duplicates,
+            self.retried,
+            self.dead_lettered,
+            self.traps,
+            self.ack_failures
+        )
+    }
+}

@@ -1,0 +1,97 @@
+//! The host side of `wit/handler.wit`, generated in one place, and the
+//! conversions between its types and the store's database-neutral ones.
+
+#![allow(unsafe_code, missing_docs, clippy::all)]
+
+use crate::store::{
+    DbError as StoreDbError, DbErrorKind as StoreDbErrorKind, Rows as StoreRows, SqlValue,
+};
+
+wasmtime::component::bindgen!({
+    world: "handler",
+    path: "../wit",
+    // Host imports are async (they await the database) and trappable (a
+    // deadline that runs out inside a statement stops the guest).
+    imports: { default: async | trappable },
+    exports: { default: async },
+});
+
+pub use idem::handler::log::Level;
+pub use idem::handler::types::{DbError, DbErrorKind, Rows, Value};
+
+/// The import names the host provides; a component may import no others.
+pub const PROVIDED_IMPORTS: [&str; 3] = [
+    "idem:handler/types@0.1.0",
+    "idem:handler/transaction@0.1.0",
+    "idem:handler/log@0.1.0",
+];
+
+impl From<Value> for SqlValue {
+    fn from(v: Value) -> Self {
+        match v {
+            Value::Null => SqlValue::Null,
+            Value::Integer(i) => SqlValue::Integer(i),
+            Value::Float(f) => SqlValue::Float(f),
+            Value::Text(s) => SqlValue::Text(s),
+            Value::Bytes(b) => SqlValue::Bytes(b),
+            Value::Boolean(b) => SqlValue::Boolean(b),
+        }
+    }
+}
+
+impl From<SqlValue> for Value {
+    fn from(v: SqlValue) -> Self {
+        match v {
+            SqlValue::Null => Value::Null,
+            SqlValue::Integer(i) => Value::Integer(i),
+            SqlValue::Float(f) => Value::Float(f),
+            SqlValue::Text(s) => Value::Text(s),
+            SqlValue::Bytes(b) => Value::Bytes(b),
+            SqlValue::Boolean(b) => Value::Boolean(b),
+        }
+    }
+}
+
+impl From<StoreRows> for Rows {
+    fn from(r: StoreRows) -> Self {
+        Rows {
+            columns: r.columns,
+            rows: r
+                .rows
+                .into_iter()
+                .map(|row| row.into_iter().map(Value::from).collect())
+                .collect(),
+        }
+    }
+}
+
+impl From<StoreDbErrorKind> for DbErrorKind {
+    fn from(k: StoreDbErrorKind) -> Self {
+        match k {
+            StoreDbErrorKind::UniqueViolation => DbErrorKind::UniqueViolation,
+            StoreDbErrorKind::ConstraintViolation => DbErrorKind::ConstraintViolation,
+            StoreDbErrorKind::Denied => DbErrorKind::Denied,
+            StoreDbErrorKind::Syntax => DbErrorKind::Syntax,
+            StoreDbErrorKind::Other => DbErrorKind::Other,
+        }
+    }
+}
+
+impl From<StoreDbError> for DbError {
+    fn from(e: StoreDbError) -> Self {
+        DbError {
+            kind: e.kind.into(),
+            message: e.message,
+        }
+    }
+}
+
+impl DbError {
+    /// A statement the host refused before it reached the database.
+    pub fn denied(message: impl Into<String>) -> Self {
+        DbError {
+            kind: DbErrorKind::Denied,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The wasm runtime: one wasmtime [`Engine`](wasmtime::Engine) with a pooling
+//! allocator and epoch interruption, one linker with only the `idem:handler`
+//! imports (`transaction` and `log`; no WASI), components compiled once
+//! ([`Runtime::load`]) and instantiated fresh for every message
+//! ([`Runtime::handle`]).
+//!
+//! # What bounds a guest
+//!
+//! - **Time**: a ticker thread advances the engine's epoch every
+//!   [`EPOCH_TICK`]; at each tick a running guest yields to the async executor
+//!   and traps once the message's [`Limits::deadline`] has passed. A statement
+//!   still running at the deadline is abandoned and the guest trapped.
+//! - **Memory**: growing a linear memory past [`Limits::max_memory_bytes`]
+//!   traps.
+//! - **Statements and rows**: past [`Limits::max_statements`] statements a
+//!   message's statements are refused with a `denied` error value; a query may
+//!   return at most [`Limits::max_rows`] rows.
+//! - **Log output**: at most [`Limits::max_log_bytes`] per message; the rest is
+//!   dropped and counted.
+//! - **Reach**: the SQL guard checks every statement before it runs; database
+//!   errors and refusals are WIT error values, never traps.
+//!
+//! A guest that traps, loops or runs out of memory costs one rollback: the
+//! store and its instance are dropped and the transaction is handed back.
+
+mod bindings;
+mod host_impl;
+mod load;
+
+pub use load::{HandlerModule, LoadError};
+
+use crate::sql_guard::SqlGuard;
+use crate::store::Tx;
+use bindings::HandlerError;
+use host_impl::{HostState, Stop};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
+};
+
+/// How often the epoch advances: the granularity of deadlines and of a
+/// running guest's yields to the executor.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The longest reason a guest may return; longer ones are truncated.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// Instances that may run at once with [`Runtime::new`].
+pub const DEFAULT_CAPACITY: u32 = 128;
+
+/// What one message's guest call may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time for instantiation plus `handle`, statements included.
+    pub deadline: Duration,
+    /// The most linear memory the guest may grow to, in bytes.
+    pub max_memory_bytes: usize,
+    /// The most statements (`execute` + `query`) one message may run.
+    pub max_statements: u32,
+    /// The most rows one query may return.
+    pub max_rows: usize,
+    /// The most log output one message may write; the rest is dropped and counted.
+    pub max_log_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(5),
+            max_memory_bytes: 64 << 20,
+            max_statements: 1000,
+            max_rows: 10_000,
+            max_log_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Who is calling, for one message: the handler, the message identity (for
+/// log tags), the handler's SQL guard, and its limits.
+#[derive(Clone)]
+pub struct Invocation {
+    /// The handler name (= durable consumer name).
+    pub handler: Arc<str>,
+    /// The message identity, used to tag the guest's log lines.
+    pub identity: String,
+    /// Checks every statement against the handler's granted tables.
+    pub guard: Arc<SqlGuard>,
+    /// What the call may use.
+    pub limits: Limits,
+}
+
+/// The message as the guest sees it (the WIT `message` record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestMessage {
+    /// The identity the receipt is keyed on.
+    pub identity: String,
+    /// The NATS subject.
+    pub subject: String,
+    /// Headers in delivery order; a header with several values appears several times.
+    pub headers: Vec<(String, String)>,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The message's sequence in its stream.
+    pub stream_sequence: u64,
+    /// 1 on the first delivery.
+    pub delivery_count: u64,
+    /// When the broker stored the message, ms since the Unix epoch.
+    pub published_ms: i64,
+}
+
+/// Why a guest call did not succeed. In every case the caller rolls back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerFailure {
+    /// The guest returned `retry(reason)`: deliver again later.
+    #[error("retry: {0}")]
+    Retry(String),
+    /// The guest returned `reject(reason)`: dead-letter.
+    #[error("reject: {0}")]
+    Reject(String),
+    /// The guest trapped, ran past its deadline or its memory limit, or could
+    /// not be instantiated: treat as a retry, then dead-letter.
+    #[error("trap: {0}")]
+    Trap(String),
+}
+
+/// The engine, the linker and the epoch ticker. Share one per process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<HostState>,
+}
+
+impl Runtime {
+    /// A runtime for up to [`DEFAULT_CAPACITY`] guest calls at once.
+    pub fn new() -> anyhow::Result<Self> {
+        Self::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// A runtime whose pooling allocator holds `capacity` instances at once.
+    /// A call that finds the pool full gets [`HandlerFailure::Retry`].
+    pub fn with_capacity(capacity: u32) -> anyhow::Result<Self> {
+        let capacity = capacity.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(capacity)
+            .total_stacks(capacity)
+            // A component holds several core instances (the guest plus
+            // adapter shims), usually one memory and a few tables.
+            .total_core_instances(capacity.saturating_mul(8))
+            .total_memories(capacity.saturating_mul(2))
+            .total_tables(capacity.saturating_mul(4));
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+
+        let mut linker = Linker::new(&engine);
+        bindings::Handler::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("idem-epoch".into())
+            .spawn(move || {
+                // Ends when the last clone of the engine is dropped.
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })?;
+        Ok(Self { engine, linker })
+    }
+
+    /// Reads and compiles a component once, and checks that it is a
+    /// component of world `idem:handler/handler` that imports nothing the
+    /// host does not provide. Errors are one line that says what is wrong and
+    /// what to do.
+    pub fn load(&self, path: &Path) -> Result<Arc<HandlerModule>, LoadError> {
+        load::load(&self.engine, &self.linker, path).map(Arc::new)
+    }
+
+    /// Runs `handle` for one message in a fresh instance, with `tx` as the
+    /// guest's transaction, and hands the transaction back: commit or roll it
+    /// back according to the result. Never panics and never fails the host:
+    /// whatever the guest does becomes a [`HandlerFailure`].
+    pub async fn handle(
+        &self,
+        module: &HandlerModule,
+        call: &Invocation,
+        tx: Tx,
+        msg: GuestMessage,
+    ) -> (Result<(), HandlerFailure>, Tx) {
+        let limits = call.limits.clone();
+        let deadline = Instant::now() + limits.deadline;
+        let state = HostState::new(
+            tx,
+            call.handler.clone(),
+            call.identity.clone(),
+            call.guard.clone(),
+            limits.clone(),
+            deadline,
+        );
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut ctx| {
+            if Instant::now() >= deadline {
+                ctx.data_mut().stop = Some(Stop::Deadline);
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+
+        let msg = bindings::idem::handler::types::Message {
+            identity: msg.identity,
+            subject: msg.subject,
+            headers: msg.headers,
+            payload: msg.payload,
+            stream_sequence: msg.stream_sequence,
+            delivery_count: msg.delivery_count,
+            published_ms: msg.published_ms,
+        };
+        // The epoch callback and the statement timeouts enforce the deadline;
+        // this outer bound only guards against a call that never yields.
+        let outer = limits.deadline + Duration::from_secs(1);
+        let run = tokio::time::timeout(outer, call_guest(module, &mut store, &msg)).await;
+        let result = match run {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(HandlerError::Retry(reason)))) => {
+                Err(HandlerFailure::Retry(truncate(reason)))
+            }
+            Ok(Ok(Err(HandlerError::Reject(reason)))) => {
+                Err(HandlerFailure::Reject(truncate(reason)))
+            }
+            Ok(Err(GuestError::Instantiate(e)))
+                if e.is::<wasmtime::PoolConcurrencyLimitError>() =>
+            {
+                Err(HandlerFailure::Retry(format!(
+                    "host at capacity: {}",
+                    load::one_line(&e)
+                )))
+            }
+            Ok(Err(GuestError::Instantiate(e) | GuestError::Call(e))) => Err(HandlerFailure::Trap(
+                describe_trap(&e, store.data().stop, &limits),
+            )),
+            Err(_) => Err(HandlerFailure::Trap(describe_trap(
+                &wasmtime::format_err!("did not return"),
+                Some(Stop::Deadline),
+                &limits,
+            ))),
+        };
+        let state = store.into_data();
+        state.report_dropped_logs();
+        if let Err(failure) = &result {
+            tracing::debug!(handler = %call.handler, identity = %call.identity, %failure, "guest call failed");
+        }
+        (result, state.tx)
+    }
+}
+
+enum GuestError {
+    Instantiate(wasmtime::Error),
+    Call(wasmtime::Error),
+}
+
+async fn call_guest(
+    module: &HandlerModule,
+    store: &mut Store<HostState>,
+    msg: &bindings::idem::handler::types::Message,
+) -> Result<Result<(), HandlerError>, GuestError> {
+    let instance = module
+        .pre
+        .instantiate_async(&mut *store)
+        .await
+        .map_err(GuestError::Instantiate)?;
+    instance
+        .call_handle(&mut *store, msg)
+        .await
+        .map_err(GuestError::Call)
+}
+
+/// One line for a trap: what stopped the guest and, for a guest's own trap,
+/// the wasm function it was in.
+fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Limits) -> String {
+    match stop {
+        Some(Stop::Deadline) => format!("exceeded the {:?} deadline", limits.deadline),
+        Some(Stop::Memory { desired }) => format!(
+            "exceeded the memory limit of {} bytes (asked for {desired})",
+            limits.max_memory_bytes
+        ),
+        None => {
+            let what = match e.downcast_ref::<wasmtime::Trap>() {
+                Some(trap) => trap.to_string(),
+                None => load::one_line(e),
+            };
+            let at = e.downcast_ref::<wasmtime::WasmBacktrace>().and_then(|bt| {
+                bt.frames()
+                    .iter()
+                    .find_map(|f| f.func_name().map(str::to_string))
+            });
+            match at {
+                Some(func) => format!("{what} (in {func})"),
+                None => what,
+            }
+        }
+    }
+}
+
+/// Cuts a guest's reason to [`MAX_REASON_BYTES`] on a char boundary.
+fn truncate(mut reason: String) -> String {
+    if reason.len() > MAX_REASON_BYTES {
+        let cut = host_impl::floor_char_boundary(&reason, MAX_REASON_BYTES);
+        let dropped = reason.len() - cut;
+        reason.truncate(cut);
+        reason.push_str(&format!("… ({dropped} more bytes)"));
+    }
+    reason
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_reasons_are_truncated_on_a_char_boundary() {
+        let r = truncate("é".repeat(3000));
+        assert!(r.len() < MAX_REASON_BYTES + 40);
+        assert!(r.ends_with("(1904 more bytes)"), "{r}");
+        assert_eq!(truncate("short".into()), "short");
+    }
+}

@@ -1,0 +1,424 @@
+//! Transactions, receipts and dead letters: one implementation per database
+//! (`postgres`, `sqlite`), dispatched here so the pipeline is written once.
+//!
+//! Host tables (created at start by [`Database::prepare_host_tables`], never
+//! reachable from a guest: the SQL guard refuses every `idem_*` name):
+//! - `idem_receipts(consumer, message_id, stream_sequence, module_digest, processed_at)`,
+//!   primary key `(consumer, message_id)`: the processed-message marker (seed 000).
+//!   `processed_at` is `timestamptz` on PostgreSQL and Unix milliseconds
+//!   (`INTEGER`) on SQLite, set by the database; indexed for pruning.
+//! - `idem_dead_letters(id, consumer, message_id NULL, stream, stream_sequence, subject,
+//!   reason, headers (JSON text), payload, failed_at)`, unique `(consumer, stream, stream_sequence)`
+//!   so that dead-lettering one delivery twice writes one row.
+//! - `idem_migrations_<handler>`: sqlx's migration record, one table per handler.
+//!
+//! Guest statements run inside a savepoint (`idem_stmt`) of the message's
+//! transaction. A failing statement is rolled back alone and the transaction
+//! stays usable on both databases, so a handler may catch a unique violation
+//! and carry on (on PostgreSQL an error would otherwise abort the whole
+//! transaction, and a later `COMMIT` would silently roll back).
+
+mod postgres;
+mod sqlite;
+pub mod value;
+
+pub use value::{DbError, DbErrorKind, Rows, SqlValue};
+
+use crate::sql_guard::CheckedSql;
+use anyhow::Context as _;
+use sha2::Digest as _;
+use std::path::Path;
+
+/// The receipt for one message: written first in its transaction.
+#[derive(Debug, Clone)]
+pub struct Receipt<'a> {
+    /// The durable consumer (= handler name).
+    pub consumer: &'a str,
+    /// The message identity (header or JSON pointer value).
+    pub message_id: &'a str,
+    /// The JetStream stream sequence of the delivery being processed.
+    pub stream_sequence: u64,
+    /// Hex SHA-256 of the component bytes that handle the message.
+    pub module_digest: &'a str,
+}
+
+/// A message the host gave up on, with the reason. Written in its own
+/// transaction before the message is termed.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// The durable consumer (= handler name).
+    pub consumer: &'a str,
+    /// `None` when the message had no identity (that is then the reason).
+    pub message_id: Option<&'a str>,
+    /// The JetStream stream the message came from.
+    pub stream: &'a str,
+    /// The message's sequence in `stream`; with `consumer` and `stream` the row's unique key.
+    pub stream_sequence: u64,
+    /// The subject the message was published on.
+    pub subject: &'a str,
+    /// One line for a person: why the host gave up.
+    pub reason: &'a str,
+    /// The message headers in order (stored as a JSON array of `[name, value]` pairs).
+    pub headers: &'a [(String, String)],
+    /// The payload bytes, unchanged.
+    pub payload: &'a [u8],
+}
+
+/// One stored dead letter, as read back by [`Database::dead_letters`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetterRow {
+    /// Row id, increasing in insertion order.
+    pub id: i64,
+    /// The durable consumer (= handler name).
+    pub consumer: String,
+    /// The message identity, `None` when the message had none.
+    pub message_id: Option<String>,
+    /// The JetStream stream.
+    pub stream: String,
+    /// The message's sequence in `stream`.
+    pub stream_sequence: u64,
+    /// The subject the message was published on.
+    pub subject: String,
+    /// Why the host gave up.
+    pub reason: String,
+    /// The message headers in order.
+    pub headers: Vec<(String, String)>,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// When the row was written, in milliseconds since the Unix epoch (database clock).
+    pub failed_at_ms: i64,
+}
+
+/// Which database a URL names; also picks the SQL dialect the guard parses with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    /// PostgreSQL (`postgres://` or `postgresql://`).
+    Postgres,
+    /// SQLite (`sqlite://path` or `sqlite::memory:`).
+    Sqlite,
+}
+
+/// A failure of the host's own database work (begin, receipt, commit, dead letter).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The driver or the database failed; the message is sqlx's.
+    #[error("database error: {0}")]
+    Sqlx(#[from] sqlx::Error),
+}
+
+/// A connection pool to the one database idem writes receipts and effects to.
+pub enum Database {
+    /// A PostgreSQL pool.
+    Postgres(sqlx::PgPool),
+    /// A SQLite pool (WAL, `synchronous=FULL`, busy timeout 5 s, foreign keys on).
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// One open transaction: the receipt and every guest statement go through it.
+/// Dropping it without [`Tx::commit`] rolls it back.
+pub enum Tx {
+    /// A PostgreSQL transaction (`BEGIN`, read committed).
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// A SQLite transaction started with `BEGIN IMMEDIATE` (holds the write lock).
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+/// The name of the table that records `handler`'s migrations:
+/// `idem_migrations_<name>` with the name lower-cased and every character
+/// outside `[a-z0-9_]` replaced by `_`; when that changed the name or it is
+/// longer than 38 bytes (cut to 38), the first 8 hex digits of its SHA-256 are
+/// appended, so distinct handlers never share a table and the name fits 63 bytes.
+pub fn migrations_table(handler: &str) -> String {
+    let clean: String = handler
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    // PostgreSQL truncates identifiers past 63 bytes: 16 + 38 + 1 + 8 = 63.
+    const MAX_CLEAN: usize = 38;
+    if clean == handler && clean.len() <= MAX_CLEAN {
+        format!("idem_migrations_{clean}")
+    } else {
+        let digest = hex::encode(sha2::Sha256::digest(handler.as_bytes()));
+        let short: String = clean.chars().take(MAX_CLEAN).collect();
+        format!("idem_migrations_{short}_{}", &digest[..8])
+    }
+}
+
+impl Database {
+    /// Opens a pool of up to `max_connections` to `url`: `postgres://…` /
+    /// `postgresql://…`, or `sqlite://path` (the file is created if missing;
+    /// WAL journal, busy timeout 5 s, `synchronous=FULL`, foreign keys on).
+    /// `sqlite::memory:` uses one connection that is never closed.
+    ///
+    /// Errors: one line, `cannot connect to database <url without password>:
+    /// <cause>; check [database] url`.
+    pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Self> {
+        let result = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            postgres::connect(url, max_connections).await.map(Database::Postgres)
+        } else if url.starts_with("sqlite:") {
+            sqlite::connect(url, max_connections).await.map(Database::Sqlite)
+        } else {
+            anyhow::bail!(
+                "cannot connect to database {}: unsupported scheme (use postgres://… or sqlite://…); check [database] url",
+                redact_url(url)
+            );
+        };
+        result.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to database {}: {}; check [database] url",
+                redact_url(url),
+                one_line(&e.to_string())
+            )
+        })
+    }
+
+    /// Which database this is.
+    pub fn kind(&self) -> DbKind {
+        match self {
+            Database::Postgres(_) => DbKind::Postgres,
+            Database::Sqlite(_) => DbKind::Sqlite,
+        }
+    }
+
+    /// Creates the host tables and their index if they do not exist.
+    /// Idempotent and safe when several hosts start at once (PostgreSQL: under
+    /// a transaction-scoped advisory lock; SQLite: under `BEGIN IMMEDIATE`).
+    pub async fn prepare_host_tables(&self) -> anyhow::Result<()> {
+        match self {
+            Database::Postgres(pool) => postgres::prepare_host_tables(pool).await,
+            Database::Sqlite(pool) => sqlite::prepare_host_tables(pool).await,
+        }
+        .map_err(|e| anyhow::anyhow!("cannot create idem's host tables: {}", one_line(&e.to_string())))
+    }
+
+    /// Applies `handler`'s SQL migrations from `dir` (sqlx's migrator layout:
+    /// `<version>_<description>.sql`), recorded in the handler's own table
+    /// [`migrations_table`]: handlers never see each other's versions.
+    /// Idempotent; a changed, already applied migration is an error.
+    pub async fn migrate_handler(&self, handler: &str, dir: &Path) -> anyhow::Result<()> {
+        let context = || format!("migrations of handler `{handler}` in {} failed", dir.display());
+        let mut migrator = sqlx::migrate::Migrator::new(dir)
+            .await
+            .map_err(|e| anyhow::anyhow!(one_line(&e.to_string())))
+            .with_context(context)?;
+        migrator.dangerous_set_table_name(migrations_table(handler));
+        match self {
+            Database::Postgres(pool) => migrator.run(pool).await,
+            Database::Sqlite(pool) => migrator.run(pool).await,
+        }
+        .map_err(|e| anyhow::anyhow!(one_line(&e.to_string())))
+        .with_context(context)
+    }
+
+    /// Begins the transaction for one message. On SQLite it takes the write
+    /// lock at once (`BEGIN IMMEDIATE`), so concurrent transactions wait up to
+    /// the busy timeout instead of failing with "database is locked" later.
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(match self {
+            Database::Postgres(pool) => Tx::Postgres(pool.begin().await?),
+            Database::Sqlite(pool) => Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+        })
+    }
+
+    /// Writes a dead letter in its own transaction, durable when this
+    /// returns. A second call for the same `(consumer, stream, stream_sequence)`
+    /// writes nothing and succeeds.
+    pub async fn dead_letter(&self, dl: &DeadLetter<'_>) -> Result<(), StoreError> {
+        let headers = serde_json::to_string(dl.headers).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let seq = to_i64(dl.stream_sequence)?;
+        match self {
+            Database::Postgres(pool) => postgres::dead_letter(pool, dl, seq, &headers).await,
+            Database::Sqlite(pool) => sqlite::dead_letter(pool, dl, seq, &headers).await,
+        }?;
+        Ok(())
+    }
+
+    /// How many receipts `consumer` has (committed ones only).
+    pub async fn receipt_count(&self, consumer: &str) -> Result<u64, StoreError> {
+        let n = match self {
+            Database::Postgres(pool) => postgres::receipt_count(pool, consumer).await,
+            Database::Sqlite(pool) => sqlite::receipt_count(pool, consumer).await,
+        }?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// `consumer`'s dead letters, oldest first.
+    pub async fn dead_letters(&self, consumer: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
+        Ok(match self {
+            Database::Postgres(pool) => postgres::dead_letters(pool, consumer).await,
+            Database::Sqlite(pool) => sqlite::dead_letters(pool, consumer).await,
+        }?)
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        match self {
+            Database::Postgres(pool) => pool.close().await,
+            Database::Sqlite(pool) => pool.close().await,
+        }
+    }
+}
+
+impl Tx {
+    /// Inserts the receipt (`ON CONFLICT (consumer, message_id) DO NOTHING`).
+    /// `true`: inserted, the message is new; `false`: a receipt exists, the
+    /// message is a duplicate. On PostgreSQL, while another transaction holds
+    /// an uncommitted receipt with the same key this waits for it; if that one
+    /// commits this returns `false` without error (DESIGN invariant 5).
+    pub async fn insert_receipt(&mut self, r: &Receipt<'_>) -> Result<bool, StoreError> {
+        let seq = to_i64(r.stream_sequence)?;
+        Ok(match self {
+            Tx::Postgres(tx) => postgres::insert_receipt(tx, r, seq).await,
+            Tx::Sqlite(tx) => sqlite::insert_receipt(tx, r, seq).await,
+        }?)
+    }
+
+    /// Runs one checked guest statement with `params` bound to `$1..$n` in
+    /// order; returns the rows affected. The statement runs in its own
+    /// savepoint: on error its effects are undone and the transaction goes on.
+    /// Errors: kind from SQLSTATE / SQLite extended code; `Other` when the
+    /// parameter count differs from the statement's highest `$n`.
+    pub async fn execute(&mut self, sql: &CheckedSql, params: &[SqlValue]) -> Result<u64, DbError> {
+        check_arity(sql, params)?;
+        match self {
+            Tx::Postgres(tx) => postgres::execute(tx, sql, params).await,
+            Tx::Sqlite(tx) => sqlite::execute(tx, sql, params).await,
+        }
+    }
+
+    /// Runs one checked guest statement that returns rows (SELECT, or DML with
+    /// RETURNING), in its own savepoint like [`Tx::execute`]. Values: PostgreSQL
+    /// by column type (`int2/4/8`, `float4/8`, `text`/`varchar`/`bpchar`/`name`,
+    /// `bytea`, `bool`; other types are an error asking for a cast), SQLite by
+    /// each value's storage class. `columns` is empty when no row is returned.
+    /// More than `max_rows` rows: error `Other`, and the statement is undone.
+    pub async fn query(&mut self, sql: &CheckedSql, params: &[SqlValue], max_rows: usize) -> Result<Rows, DbError> {
+        check_arity(sql, params)?;
+        match self {
+            Tx::Postgres(tx) => postgres::query(tx, sql, params, max_rows).await,
+            Tx::Sqlite(tx) => sqlite::query(tx, sql, params, max_rows).await,
+        }
+    }
+
+    /// Commits. Only after this returns `Ok` is the effect durable.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self {
+            Tx::Postgres(tx) => tx.commit().await?,
+            Tx::Sqlite(tx) => tx.commit().await?,
+        }
+        Ok(())
+    }
+
+    /// Rolls back: the receipt and every guest write disappear together.
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        match self {
+            Tx::Postgres(tx) => tx.rollback().await?,
+            Tx::Sqlite(tx) => tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+/// Opens the per-statement savepoint.
+const SAVEPOINT: &str = "SAVEPOINT idem_stmt";
+/// Closes it after a statement succeeded.
+const RELEASE: &str = "RELEASE SAVEPOINT idem_stmt";
+/// Undoes a failed statement and closes its savepoint.
+const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt";
+
+fn check_arity(sql: &CheckedSql, params: &[SqlValue]) -> Result<(), DbError> {
+    if params.len() == sql.param_count() {
+        Ok(())
+    } else {
+        Err(DbError {
+            kind: DbErrorKind::Other,
+            message: format!(
+                "the statement has {} parameter(s) ($1..$n) but {} value(s) were given",
+                sql.param_count(),
+                params.len()
+            ),
+        })
+    }
+}
+
+fn too_many_rows(max_rows: usize) -> DbError {
+    DbError {
+        kind: DbErrorKind::Other,
+        message: format!("query returned more than {max_rows} rows; add a LIMIT or narrow the WHERE"),
+    }
+}
+
+/// A failure restoring the transaction after a statement: the transaction
+/// is in an unknown state, so the handler should give up.
+fn savepoint_failed(e: &sqlx::Error) -> DbError {
+    DbError {
+        kind: DbErrorKind::Other,
+        message: one_line(&format!("the host could not isolate the statement in a savepoint: {e}")),
+    }
+}
+
+fn to_i64(n: u64) -> Result<i64, sqlx::Error> {
+    i64::try_from(n).map_err(|_| sqlx::Error::Encode(format!("stream sequence {n} does not fit a BIGINT").into()))
+}
+
+fn decode_headers(json: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+    serde_json::from_str(json).map_err(|e| sqlx::Error::Decode(e.into()))
+}
+
+/// `s` on one line: lines trimmed and joined with a space.
+fn one_line(s: &str) -> String {
+    s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+/// `url` with any password replaced by `***` (userinfo and `password=` query parameter).
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{user}:***@{host}")
+        }
+        _ => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db?password=x&sslmode=disable"), "postgres://u@h/db?password=***&sslmode=disable");
+        assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
+    }
+
+    #[test]
+    fn migrations_table_names() {
+        assert_eq!(migrations_table("credit_projector"), "idem_migrations_credit_projector");
+        let a = migrations_table("credit-projector");
+        assert!(a.starts_with("idem_migrations_credit_projector_") && a.len() == 16 + 16 + 1 + 8, "{a}");
+        assert_ne!(a, migrations_table("credit_projector"));
+    }
+}

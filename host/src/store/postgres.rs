@@ -1,0 +1,314 @@
+//! PostgreSQL: host tables, receipts, dead letters, guest statements and the
+//! mapping of SQLSTATEs and column types to idem's values.
+
+use super::{
+    DeadLetter, DeadLetterRow, Receipt, RELEASE, SAVEPOINT, UNDO, decode_headers, one_line,
+    savepoint_failed, too_many_rows,
+};
+use crate::sql_guard::CheckedSql;
+use crate::store::{DbError, DbErrorKind, Rows, SqlValue};
+use futures::TryStreamExt as _;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{
+    PgArgumentBuffer, PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow,
+    PgTypeInfo, PgValueRef,
+};
+use sqlx::query::Query;
+use sqlx::{Column as _, Decode, Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
+use std::time::Duration;
+
+/// Key of the advisory lock held while creating host tables ("idem" + 1).
+const HOST_TABLES_LOCK: i64 = 0x6964_656d_0001;
+
+const HOST_TABLES: [&str; 3] = [
+    "CREATE TABLE IF NOT EXISTS idem_receipts (
+        consumer TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        stream_sequence BIGINT NOT NULL,
+        module_digest TEXT NOT NULL,
+        processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, message_id)
+    )",
+    "CREATE INDEX IF NOT EXISTS idem_receipts_processed_at ON idem_receipts (processed_at)",
+    "CREATE TABLE IF NOT EXISTS idem_dead_letters (
+        id BIGSERIAL PRIMARY KEY,
+        consumer TEXT NOT NULL,
+        message_id TEXT,
+        stream TEXT NOT NULL,
+        stream_sequence BIGINT NOT NULL,
+        subject TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        headers TEXT NOT NULL,
+        payload BYTEA NOT NULL,
+        failed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (consumer, stream, stream_sequence)
+    )",
+];
+
+pub(super) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    // Guest SQL is re-printed by sqlparser, which reads a backslash in '...'
+    // as a plain character: the server must agree, whatever its default.
+    let options = url
+        .parse::<PgConnectOptions>()?
+        .options([("standard_conforming_strings", "on")]);
+    PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+}
+
+pub(super) async fn prepare_host_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(HOST_TABLES_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    for ddl in HOST_TABLES {
+        sqlx::query(ddl).execute(&mut *tx).await?;
+    }
+    tx.commit().await
+}
+
+pub(super) async fn insert_receipt(
+    tx: &mut Transaction<'static, Postgres>,
+    r: &Receipt<'_>,
+    seq: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest)
+         VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
+    )
+    .bind(r.consumer)
+    .bind(r.message_id)
+    .bind(seq)
+    .bind(r.module_digest)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn dead_letter(pool: &PgPool, dl: &DeadLetter<'_>, seq: i64, headers: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO idem_dead_letters
+           (consumer, message_id, stream, stream_sequence, subject, reason, headers, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (consumer, stream, stream_sequence) DO NOTHING",
+    )
+    .bind(dl.consumer)
+    .bind(dl.message_id)
+    .bind(dl.stream)
+    .bind(seq)
+    .bind(dl.subject)
+    .bind(dl.reason)
+    .bind(headers)
+    .bind(dl.payload)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn receipt_count(pool: &PgPool, consumer: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM idem_receipts WHERE consumer = $1")
+        .bind(consumer)
+        .fetch_one(pool)
+        .await
+}
+
+pub(super) async fn dead_letters(pool: &PgPool, consumer: &str) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload,
+                (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms
+         FROM idem_dead_letters WHERE consumer = $1 ORDER BY id",
+    )
+    .bind(consumer)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DeadLetterRow {
+                id: row.try_get("id")?,
+                consumer: row.try_get("consumer")?,
+                message_id: row.try_get("message_id")?,
+                stream: row.try_get("stream")?,
+                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
+                subject: row.try_get("subject")?,
+                reason: row.try_get("reason")?,
+                headers: decode_headers(row.try_get("headers")?)?,
+                payload: row.try_get("payload")?,
+                failed_at_ms: row.try_get("failed_at_ms")?,
+            })
+        })
+        .collect()
+}
+
+/// A NULL parameter with no declared type (OID 0): PostgreSQL infers the
+/// type from the statement, so `NULL` fits any column. (Binding `None::<i64>`
+/// would declare `int8` and fail against a text column.)
+struct UntypedNull;
+
+impl sqlx::Type<Postgres> for UntypedNull {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(0))
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for UntypedNull {
+    fn encode_by_ref(&self, _buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        Ok(IsNull::Yes)
+    }
+}
+
+/// Binds guest values in order: integer → `int8`, float → `float8`, text →
+/// `text`, bytes → `bytea`, boolean → `bool`, null → untyped.
+fn bind<'q>(mut q: Query<'q, Postgres, PgArguments>, params: &[SqlValue]) -> Query<'q, Postgres, PgArguments> {
+    for p in params {
+        q = match p {
+            SqlValue::Null => q.bind(UntypedNull),
+            SqlValue::Integer(i) => q.bind(*i),
+            SqlValue::Float(f) => q.bind(*f),
+            SqlValue::Text(s) => q.bind(s.as_str()),
+            SqlValue::Bytes(b) => q.bind(b.as_slice()),
+            SqlValue::Boolean(b) => q.bind(*b),
+        };
+    }
+    q
+}
+
+pub(super) async fn execute(
+    tx: &mut Transaction<'static, Postgres>,
+    sql: &CheckedSql,
+    params: &[SqlValue],
+) -> Result<u64, DbError> {
+    let conn: &mut PgConnection = tx;
+    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    let result = bind(sqlx::query(sql.to_sqlx_typed(params)), params)
+        .execute(&mut *conn)
+        .await
+        .map(|done| done.rows_affected())
+        .map_err(map_error);
+    finish(conn, result.is_ok()).await?;
+    result
+}
+
+pub(super) async fn query(
+    tx: &mut Transaction<'static, Postgres>,
+    sql: &CheckedSql,
+    params: &[SqlValue],
+    max_rows: usize,
+) -> Result<Rows, DbError> {
+    let conn: &mut PgConnection = tx;
+    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    let result = async {
+        let mut stream = bind(sqlx::query(sql.to_sqlx_typed(params)), params).fetch(&mut *conn);
+        let mut out = Rows::default();
+        while let Some(row) = stream.try_next().await.map_err(map_error)? {
+            if out.rows.len() >= max_rows {
+                return Err(too_many_rows(max_rows));
+            }
+            if out.rows.is_empty() {
+                out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
+            }
+            out.rows.push(decode_row(&row)?);
+        }
+        Ok(out)
+    }
+    .await;
+    finish(conn, result.is_ok()).await?;
+    result
+}
+
+/// Releases the statement's savepoint, or rolls back to it after an error.
+async fn finish(conn: &mut PgConnection, ok: bool) -> Result<(), DbError> {
+    let sql = if ok { RELEASE } else { UNDO };
+    sqlx::raw_sql(sql).execute(conn).await.map(|_| ()).map_err(|e| savepoint_failed(&e))
+}
+
+fn decode_row(row: &PgRow) -> Result<Vec<SqlValue>, DbError> {
+    let mut values = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i).map_err(map_error)?;
+        values.push(decode_value(column.name(), column.type_info(), raw)?);
+    }
+    Ok(values)
+}
+
+/// The column types idem decodes, by OID (stable built-in OIDs, `pg_type.h`).
+#[derive(Clone, Copy)]
+enum PgKind {
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    Text,
+    Bytea,
+    Bool,
+}
+
+fn pg_kind(ty: &PgTypeInfo) -> Option<PgKind> {
+    Some(match ty.oid()?.0 {
+        21 => PgKind::Int2,
+        23 => PgKind::Int4,
+        20 => PgKind::Int8,
+        700 => PgKind::Float4,
+        701 => PgKind::Float8,
+        // text, varchar, bpchar (char(n)), name, unknown
+        25 | 1043 | 1042 | 19 | 705 => PgKind::Text,
+        17 => PgKind::Bytea,
+        16 => PgKind::Bool,
+        _ => return None,
+    })
+}
+
+/// One value by its column's type; unsupported types are refused even when
+/// the value is NULL, so a query's success never depends on its data.
+fn decode_value(column: &str, ty: &PgTypeInfo, raw: PgValueRef<'_>) -> Result<SqlValue, DbError> {
+    let Some(kind) = pg_kind(ty) else {
+        return Err(DbError {
+            kind: DbErrorKind::Other,
+            message: format!(
+                "column `{column}` has type {}; cast it in SQL (e.g. ::text or ::bigint)",
+                ty.name()
+            ),
+        });
+    };
+    if raw.is_null() {
+        return Ok(SqlValue::Null);
+    }
+    let decoded: Result<SqlValue, BoxDynError> = match kind {
+        PgKind::Int2 => <i16 as Decode<Postgres>>::decode(raw).map(|v| SqlValue::Integer(v.into())),
+        PgKind::Int4 => <i32 as Decode<Postgres>>::decode(raw).map(|v| SqlValue::Integer(v.into())),
+        PgKind::Int8 => <i64 as Decode<Postgres>>::decode(raw).map(SqlValue::Integer),
+        PgKind::Float4 => <f32 as Decode<Postgres>>::decode(raw).map(|v| SqlValue::Float(v.into())),
+        PgKind::Float8 => <f64 as Decode<Postgres>>::decode(raw).map(SqlValue::Float),
+        PgKind::Text => <String as Decode<Postgres>>::decode(raw).map(SqlValue::Text),
+        PgKind::Bytea => <Vec<u8> as Decode<Postgres>>::decode(raw).map(SqlValue::Bytes),
+        PgKind::Bool => <bool as Decode<Postgres>>::decode(raw).map(SqlValue::Boolean),
+    };
+    decoded.map_err(|e| DbError {
+        kind: DbErrorKind::Other,
+        message: one_line(&format!("cannot decode column `{column}` ({}): {e}", ty.name())),
+    })
+}
+
+/// Kind from the SQLSTATE: 23505 unique, other 23xxx constraint, 42501
+/// denied, 42601 syntax, anything else (and non-database errors) other.
+fn map_error(e: sqlx::Error) -> DbError {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let kind = match code.as_str() {
+                "23505" => DbErrorKind::UniqueViolation,
+                c if c.starts_with("23") => DbErrorKind::ConstraintViolation,
+                "42501" => DbErrorKind::Denied,
+                "42601" => DbErrorKind::Syntax,
+                _ => DbErrorKind::Other,
+            };
+            DbError { kind, message: one_line(&format!("{} (SQLSTATE {code})", db.message())) }
+        }
+        _ => DbError { kind: DbErrorKind::Other, message: one_line(&e.to_string()) },
+    }
+}

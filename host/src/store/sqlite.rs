@@ -1,0 +1,278 @@
+//! SQLite: host tables, receipts, dead letters, guest statements and the
+//! mapping of extended result codes and storage classes to idem's values.
+
+use super::{
+    DeadLetter, DeadLetterRow, Receipt, RELEASE, SAVEPOINT, UNDO, decode_headers, one_line,
+    savepoint_failed, too_many_rows,
+};
+use crate::sql_guard::CheckedSql;
+use crate::store::{DbError, DbErrorKind, Rows, SqlValue};
+use futures::TryStreamExt as _;
+use sqlx::error::BoxDynError;
+use sqlx::query::Query;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteRow, SqliteSynchronous, SqliteValueRef,
+};
+use sqlx::{Column as _, Decode, Row as _, Sqlite, Transaction, TypeInfo as _, ValueRef as _};
+use std::str::FromStr as _;
+use std::time::Duration;
+
+/// The current time in Unix milliseconds, computed by SQLite (any version).
+macro_rules! now_ms {
+    () => {
+        "(CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))"
+    };
+}
+
+const HOST_TABLES: [&str; 3] = [
+    concat!(
+        "CREATE TABLE IF NOT EXISTS idem_receipts (
+        consumer TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        stream_sequence INTEGER NOT NULL,
+        module_digest TEXT NOT NULL,
+        processed_at INTEGER NOT NULL DEFAULT ",
+        now_ms!(),
+        ",
+        PRIMARY KEY (consumer, message_id)
+    ) WITHOUT ROWID"
+    ),
+    "CREATE INDEX IF NOT EXISTS idem_receipts_processed_at ON idem_receipts (processed_at)",
+    concat!(
+        "CREATE TABLE IF NOT EXISTS idem_dead_letters (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        consumer TEXT NOT NULL,
+        message_id TEXT,
+        stream TEXT NOT NULL,
+        stream_sequence INTEGER NOT NULL,
+        subject TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        headers TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        failed_at INTEGER NOT NULL DEFAULT ",
+        now_ms!(),
+        ",
+        UNIQUE (consumer, stream, stream_sequence)
+    )"
+    ),
+];
+
+pub(super) async fn connect(url: &str, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new().acquire_timeout(Duration::from_secs(10));
+    // An in-memory database lives and dies with its one connection.
+    let pool = if url.contains(":memory:") || url.contains("mode=memory") {
+        pool.max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None)
+    } else {
+        pool.max_connections(max_connections.max(1))
+    };
+    pool.connect_with(options).await
+}
+
+pub(super) async fn prepare_host_tables(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for ddl in HOST_TABLES {
+        sqlx::query(ddl).execute(&mut *tx).await?;
+    }
+    tx.commit().await
+}
+
+pub(super) async fn insert_receipt(
+    tx: &mut Transaction<'static, Sqlite>,
+    r: &Receipt<'_>,
+    seq: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest)
+         VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
+    )
+    .bind(r.consumer)
+    .bind(r.message_id)
+    .bind(seq)
+    .bind(r.module_digest)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn dead_letter(
+    pool: &SqlitePool,
+    dl: &DeadLetter<'_>,
+    seq: i64,
+    headers: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(
+        "INSERT INTO idem_dead_letters
+           (consumer, message_id, stream, stream_sequence, subject, reason, headers, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (consumer, stream, stream_sequence) DO NOTHING",
+    )
+    .bind(dl.consumer)
+    .bind(dl.message_id)
+    .bind(dl.stream)
+    .bind(seq)
+    .bind(dl.subject)
+    .bind(dl.reason)
+    .bind(headers)
+    .bind(dl.payload)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+pub(super) async fn receipt_count(pool: &SqlitePool, consumer: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM idem_receipts WHERE consumer = $1")
+        .bind(consumer)
+        .fetch_one(pool)
+        .await
+}
+
+pub(super) async fn dead_letters(pool: &SqlitePool, consumer: &str) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload,
+                failed_at AS failed_at_ms
+         FROM idem_dead_letters WHERE consumer = $1 ORDER BY id",
+    )
+    .bind(consumer)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DeadLetterRow {
+                id: row.try_get("id")?,
+                consumer: row.try_get("consumer")?,
+                message_id: row.try_get("message_id")?,
+                stream: row.try_get("stream")?,
+                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
+                subject: row.try_get("subject")?,
+                reason: row.try_get("reason")?,
+                headers: decode_headers(row.try_get("headers")?)?,
+                payload: row.try_get("payload")?,
+                failed_at_ms: row.try_get("failed_at_ms")?,
+            })
+        })
+        .collect()
+}
+
+/// Binds guest values in order; `$N` in the text is matched to value N by
+/// sqlx-sqlite (it reads the number from the parameter's name). Booleans are
+/// stored as integers 0/1, as SQLite has no boolean storage class.
+fn bind<'q>(mut q: Query<'q, Sqlite, SqliteArguments>, params: &[SqlValue]) -> Query<'q, Sqlite, SqliteArguments> {
+    for p in params {
+        q = match p {
+            SqlValue::Null => q.bind(None::<i64>),
+            SqlValue::Integer(i) => q.bind(*i),
+            SqlValue::Float(f) => q.bind(*f),
+            SqlValue::Text(s) => q.bind(s.clone()),
+            SqlValue::Bytes(b) => q.bind(b.clone()),
+            SqlValue::Boolean(b) => q.bind(*b),
+        };
+    }
+    q
+}
+
+pub(super) async fn execute(
+    tx: &mut Transaction<'static, Sqlite>,
+    sql: &CheckedSql,
+    params: &[SqlValue],
+) -> Result<u64, DbError> {
+    let conn: &mut SqliteConnection = tx;
+    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    let result = bind(sqlx::query(sql.to_sqlx()), params)
+        .execute(&mut *conn)
+        .await
+        .map(|done| done.rows_affected())
+        .map_err(map_error);
+    finish(conn, result.is_ok()).await?;
+    result
+}
+
+pub(super) async fn query(
+    tx: &mut Transaction<'static, Sqlite>,
+    sql: &CheckedSql,
+    params: &[SqlValue],
+    max_rows: usize,
+) -> Result<Rows, DbError> {
+    let conn: &mut SqliteConnection = tx;
+    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    let result = async {
+        let mut stream = bind(sqlx::query(sql.to_sqlx()), params).fetch(&mut *conn);
+        let mut out = Rows::default();
+        while let Some(row) = stream.try_next().await.map_err(map_error)? {
+            if out.rows.len() >= max_rows {
+                return Err(too_many_rows(max_rows));
+            }
+            if out.rows.is_empty() {
+                out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
+            }
+            out.rows.push(decode_row(&row)?);
+        }
+        Ok(out)
+    }
+    .await;
+    finish(conn, result.is_ok()).await?;
+    result
+}
+
+/// Releases the statement's savepoint, or rolls back to it after an error.
+async fn finish(conn: &mut SqliteConnection, ok: bool) -> Result<(), DbError> {
+    let sql = if ok { RELEASE } else { UNDO };
+    sqlx::raw_sql(sql).execute(conn).await.map(|_| ()).map_err(|e| savepoint_failed(&e))
+}
+
+fn decode_row(row: &SqliteRow) -> Result<Vec<SqlValue>, DbError> {
+    let mut values = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i).map_err(map_error)?;
+        values.push(decode_value(column.name(), raw)?);
+    }
+    Ok(values)
+}
+
+/// One value by its storage class (NULL, INTEGER, REAL, TEXT, BLOB), whatever
+/// the column's declared type.
+fn decode_value(column: &str, raw: SqliteValueRef<'_>) -> Result<SqlValue, DbError> {
+    if raw.is_null() {
+        return Ok(SqlValue::Null);
+    }
+    let class = raw.type_info().name().to_owned();
+    let decoded: Result<SqlValue, BoxDynError> = match class.as_str() {
+        "INTEGER" => <i64 as Decode<Sqlite>>::decode(raw).map(SqlValue::Integer),
+        "REAL" => <f64 as Decode<Sqlite>>::decode(raw).map(SqlValue::Float),
+        "TEXT" => <String as Decode<Sqlite>>::decode(raw).map(SqlValue::Text),
+        "BLOB" => <Vec<u8> as Decode<Sqlite>>::decode(raw).map(SqlValue::Bytes),
+        other => Err(format!("unexpected storage class {other}").into()),
+    };
+    decoded.map_err(|e| DbError {
+        kind: DbErrorKind::Other,
+        message: one_line(&format!("cannot decode column `{column}` ({class}): {e}")),
+    })
+}
+
+/// Kind from the extended result code: 2067 (CONSTRAINT_UNIQUE) and 1555
+/// (CONSTRAINT_PRIMARYKEY) unique; other SQLITE_CONSTRAINT (19) codes
+/// constraint; 23 (SQLITE_AUTH) denied. SQLite reports syntax errors and
+/// unknown tables/columns alike as SQLITE_ERROR (1), so those are `Other`
+/// (the guard already rejected anything that does not parse).
+fn map_error(e: sqlx::Error) -> DbError {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+            let kind = match code {
+                2067 | 1555 => DbErrorKind::UniqueViolation,
+                c if c & 0xff == 19 => DbErrorKind::ConstraintViolation,
+                c if c & 0xff == 23 => DbErrorKind::Denied,
+                _ => DbErrorKind::Other,
+            };
+            DbError { kind, message: one_line(&format!("{} (SQLite code {code})", db.message())) }
+        }
+        _ => DbError { kind: DbErrorKind::Other, message: one_line(&e.to_string()) },
+    }
+}

@@ -1,0 +1,142 @@
+//! `Runtime::load`: every way a module can be wrong gives one clear line that
+//! names the file, what is wrong and what to do; a real handler loads.
+//!
+//! Needs the guests built: `scripts/build-guests.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem::runtime::{LoadError, Runtime};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// A built guest file under `target/`.
+fn built(rel: &str) -> PathBuf {
+    let p = target_dir().join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-guests.sh first",
+        p.display()
+    );
+    p
+}
+
+fn load_err(path: &Path) -> (LoadError, String) {
+    let err = RUNTIME.load(path).expect_err("load must fail");
+    let line = err.to_string();
+    assert!(!line.contains('\n'), "one line, got: {line}");
+    assert!(
+        line.starts_with(&path.display().to_string()),
+        "names the file: {line}"
+    );
+    (err, line)
+}
+
+fn write_temp(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("handler.wasm");
+    std::fs::write(&p, bytes).unwrap();
+    (dir, p)
+}
+
+#[test]
+fn missing_file() {
+    let p = Path::new("/nonexistent/idem/handler.wasm");
+    let (err, line) = load_err(p);
+    assert!(matches!(err, LoadError::Missing { .. }), "{err:?}");
+    assert!(line.contains("no such file"), "{line}");
+    assert!(line.contains("`module`"), "says what to fix: {line}");
+}
+
+#[test]
+fn garbage_bytes() {
+    let (_dir, p) = write_temp(b"{\"this is\": \"json, not wasm\"}");
+    let (err, line) = load_err(&p);
+    assert!(matches!(err, LoadError::NotWasm { .. }), "{err:?}");
+    assert!(line.contains("not a WebAssembly file"), "{line}");
+}
+
+#[test]
+fn empty_file() {
+    let (_dir, p) = write_temp(b"");
+    let (err, _) = load_err(&p);
+    assert!(matches!(err, LoadError::NotWasm { .. }), "{err:?}");
+}
+
+#[test]
+fn core_module_is_not_a_component() {
+    // The smallest core module: magic and version 1.
+    let (_dir, p) = write_temp(b"\0asm\x01\0\0\0");
+    let (err, line) = load_err(&p);
+    assert!(matches!(err, LoadError::CoreModule { .. }), "{err:?}");
+    assert!(
+        line.contains("wasm-tools component new"),
+        "says what to do: {line}"
+    );
+}
+
+#[test]
+fn cargo_output_before_component_new_is_a_core_module() {
+    // The common mistake: pointing at cargo's output instead of the component.
+    let p = built("wasm32-unknown-unknown/guest/credit.wasm");
+    let (err, _) = load_err(&p);
+    assert!(matches!(err, LoadError::CoreModule { .. }), "{err:?}");
+}
+
+#[test]
+fn broken_component() {
+    let (_dir, p) = write_temp(b"\0asm\x0d\0\x01\0\xff\xff\xff\xff");
+    let (err, line) = load_err(&p);
+    assert!(matches!(err, LoadError::Invalid { .. }), "{err:?}");
+    assert!(line.contains("not a valid WebAssembly component"), "{line}");
+}
+
+#[test]
+fn wasi_imports_are_named_and_refused() {
+    // The credit example built for wasm32-wasip2 imports WASI CLI interfaces.
+    let p = built("guests/credit-wasip2.wasm");
+    let (err, line) = load_err(&p);
+    match &err {
+        LoadError::UnknownImport { name, others, .. } => {
+            assert!(name.starts_with("wasi:"), "{name}");
+            assert!(*others > 0);
+        }
+        other => panic!("expected UnknownImport, got {other:?}"),
+    }
+    assert!(line.contains("which idem does not provide"), "{line}");
+    assert!(
+        line.contains("wasm32-unknown-unknown"),
+        "says what to do: {line}"
+    );
+}
+
+#[test]
+fn wrong_handle_signature() {
+    let p = built("guests/wrong-world.wasm");
+    let (err, line) = load_err(&p);
+    assert!(matches!(err, LoadError::BadExport { .. }), "{err:?}");
+    assert!(line.contains("`handle"), "names the export: {line}");
+    assert!(line.contains("wit/handler.wit"), "says what to do: {line}");
+}
+
+#[test]
+fn credit_loads_with_the_file_digest() {
+    let p = built("guests/credit.wasm");
+    let module = RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"));
+    let expected = hex::encode(Sha256::digest(std::fs::read(&p).unwrap()));
+    assert_eq!(module.digest(), expected);
+    assert_eq!(module.path(), p);
+}
+
+#[test]
+fn behave_loads() {
+    let p = built("guests/behave.wasm");
+    RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"));
+}

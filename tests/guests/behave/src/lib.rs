@@ -1,0 +1,154 @@
+//! A test guest whose behaviour the payload chooses: `{"op": "...", ...}`.
+//!
+//! - `credit` `{account_id, amount}`: the credit example's upsert.
+//! - `retry` / `reject` `{reason?}`: returns that handler error.
+//! - `trap`: panics (an abort, so a trap).
+//! - `loop`: spins forever (stopped by the host's deadline).
+//! - `membomb`: allocates until the host's memory limit stops it.
+//! - `sql` `{sql, params?, repeat?}`: executes the statement (`repeat` times,
+//!   default 1); on failure rejects with `"<kind>: <message>"`.
+//! - `query` `{sql, params?}`: runs the query and rejects with
+//!   `"rows <columns> <rows>"` (JSON) so a test can read what it returned.
+//! - `log` `{bytes, lines?}`: logs `lines` lines (default 1) of `bytes` bytes each.
+//! - `retry-once-then-credit` `{account_id, amount}`: retries on the first
+//!   delivery, credits on later ones.
+//!
+//! Anything else (or bad JSON) rejects with a reason starting `bad payload`.
+
+use idem_guest::{DbError, Handler, HandlerError, Message, Value, params, tx};
+use serde_json::Value as Json;
+
+struct Behave;
+
+fn field<'a>(p: &'a Json, name: &str) -> Result<&'a Json, HandlerError> {
+    p.get(name)
+        .ok_or_else(|| HandlerError::reject(format!("bad payload: no `{name}`")))
+}
+
+fn int(p: &Json, name: &str) -> Result<i64, HandlerError> {
+    field(p, name)?
+        .as_i64()
+        .ok_or_else(|| HandlerError::reject(format!("bad payload: `{name}` is not an integer")))
+}
+
+fn text<'a>(p: &'a Json, name: &str) -> Result<&'a str, HandlerError> {
+    field(p, name)?
+        .as_str()
+        .ok_or_else(|| HandlerError::reject(format!("bad payload: `{name}` is not a string")))
+}
+
+fn to_value(j: &Json) -> Value {
+    match j {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Boolean(*b),
+        Json::Number(n) => n
+            .as_i64()
+            .map_or_else(|| Value::Float(n.as_f64().unwrap_or(0.0)), Value::Integer),
+        Json::String(s) => Value::Text(s.clone()),
+        other => Value::Text(other.to_string()),
+    }
+}
+
+fn to_json(v: &Value) -> Json {
+    match v {
+        Value::Null => Json::Null,
+        Value::Integer(i) => Json::from(*i),
+        Value::Float(f) => Json::from(*f),
+        Value::Text(s) => Json::from(s.as_str()),
+        Value::Bytes(b) => Json::from(b.clone()),
+        Value::Boolean(b) => Json::from(*b),
+    }
+}
+
+fn params_of(p: &Json) -> Vec<Value> {
+    p.get("params")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().map(to_value).collect())
+        .unwrap_or_default()
+}
+
+fn db_reject(e: DbError) -> HandlerError {
+    HandlerError::Reject(format!("{}: {}", e.kind.as_str(), e.message))
+}
+
+fn credit(p: &Json) -> Result<(), HandlerError> {
+    tx::execute(
+        "INSERT INTO accounts (account_id, balance) VALUES ($1, $2) \
+         ON CONFLICT (account_id) DO UPDATE SET balance = accounts.balance + excluded.balance",
+        params![int(p, "account_id")?, int(p, "amount")?],
+    )?;
+    Ok(())
+}
+
+impl Handler for Behave {
+    fn handle(msg: Message) -> Result<(), HandlerError> {
+        let p: Json = serde_json::from_slice(&msg.payload)
+            .map_err(|e| HandlerError::reject(format!("bad payload: {e}")))?;
+        let reason = || {
+            p.get("reason")
+                .and_then(Json::as_str)
+                .unwrap_or("asked to")
+                .to_owned()
+        };
+        match text(&p, "op")? {
+            "credit" => credit(&p),
+            "retry" => Err(HandlerError::Retry(reason())),
+            "reject" => Err(HandlerError::Reject(reason())),
+            "trap" => panic!("asked to trap"),
+            "loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "membomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "sql" => {
+                let sql = text(&p, "sql")?;
+                let params = params_of(&p);
+                let repeat = p.get("repeat").and_then(Json::as_u64).unwrap_or(1);
+                for _ in 0..repeat {
+                    tx::execute(sql, &params).map_err(db_reject)?;
+                }
+                Ok(())
+            }
+            "query" => {
+                let rows = tx::query(text(&p, "sql")?, &params_of(&p)).map_err(db_reject)?;
+                let data: Vec<Json> = rows
+                    .rows
+                    .iter()
+                    .map(|r| Json::Array(r.iter().map(to_json).collect()))
+                    .collect();
+                Err(HandlerError::Reject(format!(
+                    "rows {} {}",
+                    Json::from(rows.columns.clone()),
+                    Json::Array(data)
+                )))
+            }
+            "log" => {
+                let line = "x".repeat(usize::try_from(int(&p, "bytes")?).unwrap_or(0));
+                for _ in 0..p.get("lines").and_then(Json::as_u64).unwrap_or(1) {
+                    idem_guest::log::info(&line);
+                }
+                Ok(())
+            }
+            "retry-once-then-credit" => {
+                if msg.delivery_count <= 1 {
+                    Err(HandlerError::retry("first delivery"))
+                } else {
+                    credit(&p)
+                }
+            }
+            other => Err(HandlerError::reject(format!(
+                "bad payload: unknown op `{other}`"
+            ))),
+        }
+    }
+}
+
+idem_guest::export_handler!(Behave);

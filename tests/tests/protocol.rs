@@ -1,0 +1,176 @@
+//! The protocol of DESIGN.md, one test per invariant the end-to-end issue
+//! names, on PostgreSQL and SQLite, against a private nats-server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem_tests::*;
+use serde_json::json;
+
+const SUBJECT: &str = "accounts.credit";
+
+struct Env {
+    nats: Nats,
+    db: TestDb,
+    dir: tempfile::TempDir,
+}
+
+async fn env(backend: Backend) -> Env {
+    Env {
+        nats: Nats::start(),
+        db: TestDb::new(backend).await,
+        dir: tempfile::tempdir().unwrap(),
+    }
+}
+
+fn behave(op: &str, event_id: &str, account: i64, amount: i64) -> String {
+    json!({"op": op, "event_id": event_id, "account_id": account, "amount": amount}).to_string()
+}
+
+async fn same_event_twice_applies_once(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("credit-projector", "credit")]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    // Two separate messages, same event_id, no broker dedup header.
+    publish(&js, SUBJECT, &credit("evt_8142", 73, 500), &[]).await;
+    publish(&js, SUBJECT, &credit("evt_8142", 73, 500), &[]).await;
+    let s = host
+        .wait_for("credit-projector", "2 deliveries", |s| s.processed + s.duplicates == 2)
+        .await;
+    assert_eq!((s.processed, s.duplicates, s.retried, s.dead_lettered), (1, 1, 0, 0));
+    assert_eq!(e.db.balance(73).await, Some(500));
+    assert_eq!(e.db.receipts("credit-projector").await, 1);
+    host.stop().await;
+}
+on_both_databases!(same_event_twice_applies_once, same_event_twice_applies_once);
+
+async fn two_consumers_both_apply(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("credit-a", "credit"), HandlerSpec::new("credit-b", "credit")],
+    );
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &credit("evt_1", 7, 300), &[]).await;
+    host.wait_for("credit-a", "a processed", |s| s.processed == 1).await;
+    host.wait_for("credit-b", "b processed", |s| s.processed == 1).await;
+    assert_eq!(e.db.balance(7).await, Some(600));
+    assert_eq!(e.db.receipts("credit-a").await, 1);
+    assert_eq!(e.db.receipts("credit-b").await, 1);
+    host.stop().await;
+}
+on_both_databases!(two_consumers_both_apply, two_consumers_both_apply);
+
+async fn equal_values_are_two_events(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("credit-projector", "credit")]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &credit("evt_a", 5, 250), &[]).await;
+    publish(&js, SUBJECT, &credit("evt_b", 5, 250), &[]).await;
+    let s = host.wait_for("credit-projector", "2 processed", |s| s.processed == 2).await;
+    assert_eq!(s.duplicates, 0);
+    assert_eq!(e.db.balance(5).await, Some(500));
+    assert_eq!(e.db.receipts("credit-projector").await, 2);
+    host.stop().await;
+}
+on_both_databases!(equal_values_are_two_events, equal_values_are_two_events);
+
+async fn retry_leaves_nothing_then_succeeds_once(backend: Backend) {
+    let e = env(backend).await;
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "retry_delay = \"1s\"\n".into();
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &behave("retry-once-then-credit", "evt_r", 9, 40), &[]).await;
+    // After the first delivery's retry: rolled back, no receipt, no effect.
+    host.wait_for("behave", "first retry", |s| s.retried == 1).await;
+    assert_eq!(e.db.receipts("behave").await, 0);
+    assert_eq!(e.db.balance(9).await, None);
+    let s = host.wait_for("behave", "processed", |s| s.processed == 1).await;
+    assert_eq!((s.delivered, s.retried, s.duplicates, s.dead_lettered), (2, 1, 0, 0));
+    assert_eq!(e.db.balance(9).await, Some(40));
+    assert_eq!(e.db.receipts("behave").await, 1);
+    host.stop().await;
+}
+on_both_databases!(retry_leaves_nothing_then_succeeds_once, retry_leaves_nothing_then_succeeds_once);
+
+async fn trap_rolls_back_and_host_keeps_serving(backend: Backend) {
+    let e = env(backend).await;
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "retry_delay = \"100ms\"\nmax_deliver = 2\n".into();
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &behave("trap", "evt_trap", 1, 10), &[]).await;
+    publish(&js, SUBJECT, &behave("credit", "evt_ok", 2, 20), &[]).await;
+    let s = host
+        .wait_for("behave", "trap dead-lettered and credit processed", |s| {
+            s.dead_lettered == 1 && s.processed == 1
+        })
+        .await;
+    assert_eq!((s.traps, s.retried, s.delivered), (2, 1, 3));
+    assert_eq!(e.db.balance(1).await, None);
+    assert_eq!(e.db.balance(2).await, Some(20));
+    assert_eq!(e.db.receipts("behave").await, 1);
+    let dl = e.db.dead_letters("behave").await;
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].0.as_deref(), Some("evt_trap"));
+    assert!(dl[0].1.starts_with("trap: "), "reason: {}", dl[0].1);
+    assert!(dl[0].1.contains("delivery 2 of max_deliver 2"), "reason: {}", dl[0].1);
+    host.stop().await;
+}
+on_both_databases!(trap_rolls_back_and_host_keeps_serving, trap_rolls_back_and_host_keeps_serving);
+
+async fn reject_and_missing_identity_are_dead_lettered(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("behave", "behave")]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &behave("reject", "evt_bad", 3, 30), &[]).await;
+    publish(&js, SUBJECT, &json!({"op": "credit", "account_id": 3, "amount": 30}).to_string(), &[]).await;
+    let s = host.wait_for("behave", "2 dead letters", |s| s.dead_lettered == 2).await;
+    assert_eq!((s.processed, s.retried, s.delivered), (0, 0, 2));
+    assert_eq!(e.db.balance(3).await, None);
+    assert_eq!(e.db.receipts("behave").await, 0);
+    let dl = e.db.dead_letters("behave").await;
+    assert_eq!(dl.len(), 2);
+    assert_eq!(dl[0].0.as_deref(), Some("evt_bad"));
+    assert!(dl[0].1.starts_with("rejected: "), "reason: {}", dl[0].1);
+    assert_eq!(dl[1].0, None);
+    assert_eq!(dl[1].1, "missing identity: payload has no `/event_id`");
+    // Termed: JetStream will not deliver them again.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(host.stats("behave").delivered, 2);
+    host.stop().await;
+}
+on_both_databases!(reject_and_missing_identity_are_dead_lettered, reject_and_missing_identity_are_dead_lettered);
+
+async fn denied_statements_roll_back(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("behave", "behave")]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    let statements = [
+        "DELETE FROM idem_receipts",
+        "INSERT INTO idem_dead_letters (consumer) VALUES ('x')",
+        "SELECT * FROM not_granted",
+    ];
+    for (i, sql) in statements.iter().enumerate() {
+        let p = json!({"op": "sql", "event_id": format!("evt_sql_{i}"), "sql": sql}).to_string();
+        publish(&js, SUBJECT, &p, &[]).await;
+    }
+    let s = host.wait_for("behave", "3 dead letters", |s| s.dead_lettered == 3).await;
+    assert_eq!(s.processed, 0);
+    assert_eq!(e.db.receipts("behave").await, 0);
+    let dl = e.db.dead_letters("behave").await;
+    assert_eq!(dl.len(), 3);
+    for (_, reason) in &dl {
+        assert!(reason.to_lowercase().contains("denied"), "reason: {reason}");
+    }
+    host.stop().await;
+}
+on_both_databases!(denied_statements_roll_back, denied_statements_roll_back);
