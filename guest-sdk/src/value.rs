@@ -207,3 +207,59 @@ impl Message {
         self.delivery_count > 1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_convert_from_rust_types() {
+        assert_eq!(Value::from(7), Value::Integer(7));
+        assert_eq!(Value::from(7u32), Value::Integer(7));
+        assert_eq!(Value::from(1.5), Value::Float(1.5));
+        assert_eq!(Value::from("a"), Value::Text("a".into()));
+        assert_eq!(Value::from(vec![1u8]), Value::Bytes(vec![1]));
+        assert_eq!(Value::from(true), Value::Boolean(true));
+        assert_eq!(Value::from(None::<&str>), Value::Null);
+        assert_eq!(Value::from(Some(3i64)), Value::Integer(3));
+    }
+
+    #[test]
+    fn db_errors_become_handler_errors_by_kind() {
+        let e = |kind| DbError {
+            kind,
+            message: "m".into(),
+        };
+        assert_eq!(
+            HandlerError::from(e(DbErrorKind::Other)).to_string(),
+            HandlerError::Retry("database other: m".into()).to_string()
+        );
+        assert!(matches!(
+            HandlerError::from(e(DbErrorKind::UniqueViolation)),
+            HandlerError::Reject(r) if r == "database unique-violation: m"
+        ));
+        assert!(e(DbErrorKind::UniqueViolation).is_unique_violation());
+    }
+
+    #[test]
+    fn rows_and_messages_have_accessors() {
+        let rows = Rows {
+            columns: vec!["a".into(), "b".into()],
+            rows: vec![vec![Value::Integer(1), Value::Text("x".into())]],
+        };
+        assert_eq!(rows.get(0, "b").and_then(Value::as_str), Some("x"));
+        assert_eq!(rows.get(1, "a"), None);
+        let msg = Message {
+            identity: "i".into(),
+            subject: "s".into(),
+            headers: vec![("Nats-Msg-Id".into(), "i".into())],
+            payload: b"{}".to_vec(),
+            stream_sequence: 1,
+            delivery_count: 2,
+            published_ms: 0,
+        };
+        assert_eq!(msg.header("nats-msg-id"), Some("i"));
+        assert_eq!(msg.payload_str().ok(), Some("{}"));
+        assert!(msg.is_redelivery());
+    }
+}

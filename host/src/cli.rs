@@ -72,7 +72,11 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
         tracing::info!("shutdown requested; finishing messages in flight");
         let _ = tx.send(true);
     });
-    let mode = if drain { RunMode::Drain } else { RunMode::Forever };
+    let mode = if drain {
+        RunMode::Drain
+    } else {
+        RunMode::Forever
+    };
     for (name, s) in host.run(mode, rx).await {
         println!("handler {name}: {s}");
     }

@@ -167,7 +167,9 @@ impl std::str::FromStr for IdentityRule {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Some(name) = s.strip_prefix("header:") {
             if name.is_empty() {
-                return Err("identity `header:` needs a header name, e.g. header:Nats-Msg-Id".into());
+                return Err(
+                    "identity `header:` needs a header name, e.g. header:Nats-Msg-Id".into(),
+                );
             }
             Ok(IdentityRule::Header(name.to_string()))
         } else if let Some(ptr) = s.strip_prefix("json:") {
@@ -211,10 +213,10 @@ impl Config {
             if h.module.is_relative() {
                 h.module = base.join(&h.module);
             }
-            if let Some(m) = &h.migrations {
-                if m.is_relative() {
-                    h.migrations = Some(base.join(m));
-                }
+            if let Some(m) = &h.migrations
+                && m.is_relative()
+            {
+                h.migrations = Some(base.join(m));
             }
         }
         Ok(config)
@@ -251,7 +253,10 @@ impl Config {
                 return Err(format!("handler `{}`: `subjects` is empty", h.name));
             }
             if h.max_deliver == 0 {
-                return Err(format!("handler `{}`: max_deliver must be at least 1", h.name));
+                return Err(format!(
+                    "handler `{}`: max_deliver must be at least 1",
+                    h.name
+                ));
             }
             if h.pull_batch == 0 || h.pull_batch > 1000 {
                 return Err(format!(

@@ -67,15 +67,34 @@ mod tests {
     #[test]
     fn json_pointer_and_header() {
         let rule = IdentityRule::JsonPointer("/event_id".into());
-        assert_eq!(extract(&rule, None, br#"{"event_id":"evt_1"}"#).unwrap(), "evt_1");
+        assert_eq!(
+            extract(&rule, None, br#"{"event_id":"evt_1"}"#).unwrap(),
+            "evt_1"
+        );
         assert_eq!(extract(&rule, None, br#"{"event_id":42}"#).unwrap(), "42");
-        assert!(extract(&rule, None, br#"{"event_id":""}"#).unwrap_err().contains("empty string"));
-        assert!(extract(&rule, None, br#"{"x":1}"#).unwrap_err().contains("has no `/event_id`"));
-        assert!(extract(&rule, None, b"nope").unwrap_err().contains("not JSON"));
+        assert!(
+            extract(&rule, None, br#"{"event_id":""}"#)
+                .unwrap_err()
+                .contains("empty string")
+        );
+        assert!(
+            extract(&rule, None, br#"{"x":1}"#)
+                .unwrap_err()
+                .contains("has no `/event_id`")
+        );
+        assert!(
+            extract(&rule, None, b"nope")
+                .unwrap_err()
+                .contains("not JSON")
+        );
 
         let rule = IdentityRule::Header("Nats-Msg-Id".into());
         let mut h = async_nats::HeaderMap::new();
-        assert!(extract(&rule, Some(&h), b"").unwrap_err().contains("no `Nats-Msg-Id` header"));
+        assert!(
+            extract(&rule, Some(&h), b"")
+                .unwrap_err()
+                .contains("no `Nats-Msg-Id` header")
+        );
         h.insert("Nats-Msg-Id", "m-7");
         assert_eq!(extract(&rule, Some(&h), b"").unwrap(), "m-7");
     }

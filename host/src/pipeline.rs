@@ -128,7 +128,11 @@ impl Pipeline {
 
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
-            Err(e) => return self.store_failed(msg, &identity, "BEGIN", e.to_string()).await,
+            Err(e) => {
+                return self
+                    .store_failed(msg, &identity, "BEGIN", e.to_string())
+                    .await;
+            }
         };
         let receipt = Receipt {
             consumer: &self.name,
@@ -170,12 +174,17 @@ impl Pipeline {
             guard: self.guard.clone(),
             limits: self.limits.clone(),
         };
-        let (result, tx) = self.runtime.handle(&self.module, &call, tx, guest_msg).await;
+        let (result, tx) = self
+            .runtime
+            .handle(&self.module, &call, tx, guest_msg)
+            .await;
         match result {
             Ok(()) => {
                 if let Err(e) = tx.commit().await {
                     // Outcome unknown or failed: never ack. Redelivery and the receipt decide.
-                    return self.store_failed(msg, &identity, "COMMIT", e.to_string()).await;
+                    return self
+                        .store_failed(msg, &identity, "COMMIT", e.to_string())
+                        .await;
                 }
                 fault::after_commit();
                 HandlerStats::incr(&self.stats.processed);
@@ -199,7 +208,10 @@ impl Pipeline {
                     let reason = if permanent {
                         reason
                     } else {
-                        format!("{reason} (delivery {delivered} of max_deliver {})", self.max_deliver)
+                        format!(
+                            "{reason} (delivery {delivered} of max_deliver {})",
+                            self.max_deliver
+                        )
                     };
                     tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
                     let dl = DeadLetter {
@@ -247,12 +259,19 @@ impl Pipeline {
             }
             Err(e) => {
                 let id = dl.message_id.unwrap_or("<none>").to_string();
-                self.store_failed(msg, &id, "dead letter", e.to_string()).await
+                self.store_failed(msg, &id, "dead letter", e.to_string())
+                    .await
             }
         }
     }
 
-    async fn store_failed(&self, msg: &Message, identity: &str, step: &str, error: String) -> Outcome {
+    async fn store_failed(
+        &self,
+        msg: &Message,
+        identity: &str,
+        step: &str,
+        error: String,
+    ) -> Outcome {
         HandlerStats::incr(&self.stats.retried);
         tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back, message will be redelivered");
         if let Err(e) = broker::nak(msg, self.retry_delay).await {

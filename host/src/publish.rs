@@ -2,8 +2,8 @@
 //! demos, tests and replays. Publishes are pipelined and each one is confirmed
 //! by the stream's publish ack before the command reports success.
 
-use crate::identity;
 use crate::config::IdentityRule;
+use crate::identity;
 use anyhow::Context as _;
 use std::collections::VecDeque;
 use std::io::BufRead;
@@ -43,10 +43,10 @@ pub async fn publish_file(
             .await
             .with_context(|| format!("cannot publish to `{subject}`"))?;
         pending.push_back(ack);
-        if pending.len() >= IN_FLIGHT {
-            if let Some(a) = pending.pop_front() {
-                a.await.with_context(|| no_stream_hint(subject))?;
-            }
+        if pending.len() >= IN_FLIGHT
+            && let Some(a) = pending.pop_front()
+        {
+            a.await.with_context(|| no_stream_hint(subject))?;
         }
         count += 1;
     }
@@ -57,5 +57,7 @@ pub async fn publish_file(
 }
 
 fn no_stream_hint(subject: &str) -> String {
-    format!("publish to `{subject}` not confirmed; is there a stream capturing it (start `idem run` once, or create it)?")
+    format!(
+        "publish to `{subject}` not confirmed; is there a stream capturing it (start `idem run` once, or create it)?"
+    )
 }

@@ -20,8 +20,12 @@ pub struct Host {
 
 struct RunningHandler {
     pipeline: Arc<Pipeline>,
-    consumer: async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
+    consumer:
+        async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
 }
+
+/// Each handler's name and final counters, as [`Host::run`] returns them.
+pub type Summary = Vec<(Arc<str>, StatsSnapshot)>;
 
 /// How [`Host::run`] ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +50,19 @@ impl Host {
                 .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", h.name))?;
             modules.push(module);
         }
-        let db = Arc::new(Database::connect(&config.database.url, config.database.max_connections).await?);
+        let db = Arc::new(
+            Database::connect(&config.database.url, config.database.max_connections).await?,
+        );
         db.prepare_host_tables().await?;
         for h in &config.handlers {
             if let Some(dir) = &h.migrations {
-                db.migrate_handler(&h.name, dir)
-                    .await
-                    .with_context(|| format!("handler `{}`: migrations in {} failed", h.name, dir.display()))?;
+                db.migrate_handler(&h.name, dir).await.with_context(|| {
+                    format!(
+                        "handler `{}`: migrations in {} failed",
+                        h.name,
+                        dir.display()
+                    )
+                })?;
             }
         }
         let js = broker::connect(&config.broker.url).await?;
@@ -76,12 +86,13 @@ impl Host {
 
     /// Runs until `shutdown` turns true (or drained, in [`RunMode::Drain`]).
     /// A message in flight at shutdown finishes its protocol step first.
-    pub async fn run(self, mode: RunMode, mut shutdown: watch::Receiver<bool>) -> Vec<(Arc<str>, StatsSnapshot)> {
+    pub async fn run(self, mode: RunMode, mut shutdown: watch::Receiver<bool>) -> Summary {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         for h in &self.handlers {
             let pipeline = h.pipeline.clone();
-            let mut deliveries = Deliveries::new(h.consumer.clone(), pipeline.pull_batch, &pipeline.name);
+            let mut deliveries =
+                Deliveries::new(h.consumer.clone(), pipeline.pull_batch, &pipeline.name);
             let mut stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -113,7 +124,8 @@ impl Host {
                 let _ = shutdown.wait_for(|s| *s).await;
             }
             RunMode::Drain => {
-                let mut consumers: Vec<_> = self.handlers.iter().map(|h| h.consumer.clone()).collect();
+                let mut consumers: Vec<_> =
+                    self.handlers.iter().map(|h| h.consumer.clone()).collect();
                 tokio::select! {
                     _ = shutdown.wait_for(|s| *s) => {}
                     _ = wait_drained(&mut consumers) => {}
@@ -130,7 +142,9 @@ impl Host {
 }
 
 async fn wait_drained(
-    consumers: &mut [async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>],
+    consumers: &mut [async_nats::jetstream::consumer::Consumer<
+        async_nats::jetstream::consumer::pull::Config,
+    >],
 ) {
     // Two idle readings in a row, so a message between pull and ack is not missed.
     let mut idle_readings = 0;

@@ -40,8 +40,26 @@ use std::sync::{Arc, Mutex};
 /// settings and anything touching files or the server are absent: a guest gets
 /// no clock beyond the message's publish time.
 pub const ALLOWED_FUNCTIONS: &[&str] = &[
-    "abs", "avg", "coalesce", "count", "greatest", "least", "length", "lower", "ltrim", "max",
-    "min", "nullif", "replace", "round", "rtrim", "substr", "substring", "sum", "trim", "upper",
+    "abs",
+    "avg",
+    "coalesce",
+    "count",
+    "greatest",
+    "least",
+    "length",
+    "lower",
+    "ltrim",
+    "max",
+    "min",
+    "nullif",
+    "replace",
+    "round",
+    "rtrim",
+    "substr",
+    "substring",
+    "sum",
+    "trim",
+    "upper",
 ];
 
 /// Statements longer than this many bytes are refused before parsing.
@@ -142,9 +160,13 @@ impl SqlGuard {
         verdict
     }
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Result<CheckedSql, DbError>>> {
+    fn lock_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Result<CheckedSql, DbError>>> {
         // A panic while holding the lock cannot leave the map inconsistent.
-        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn check_uncached(&self, sql: &str) -> Result<CheckedSql, DbError> {
@@ -214,7 +236,9 @@ fn reserved_ident(name: &str) -> Option<String> {
             "`{name}` names a host table; idem_* tables are never reachable from a handler"
         ))
     } else if RESERVED_NAMES.contains(&lower.as_str()) {
-        Some(format!("`{name}` names a system catalog; handlers cannot read catalogs"))
+        Some(format!(
+            "`{name}` names a system catalog; handlers cannot read catalogs"
+        ))
     } else {
         None
     }
@@ -247,7 +271,9 @@ impl Checker<'_> {
             match part {
                 ObjectNamePart::Identifier(i) => idents.push(i),
                 ObjectNamePart::Function(_) => {
-                    return deny(format!("table name `{name}` is computed; name tables directly"));
+                    return deny(format!(
+                        "table name `{name}` is computed; name tables directly"
+                    ));
                 }
             }
         }
@@ -269,7 +295,11 @@ impl Checker<'_> {
                 }
                 *table
             }
-            _ => return deny(format!("`{name}` has too many parts; use unqualified table names")),
+            _ => {
+                return deny(format!(
+                    "`{name}` has too many parts; use unqualified table names"
+                ));
+            }
         };
         let normalized = self.guard.normalize(table);
         if allow_cte
@@ -280,7 +310,10 @@ impl Checker<'_> {
         }
         let lower = normalized.to_ascii_lowercase();
         if lower.starts_with("pg_") || lower.starts_with("sqlite_") {
-            return deny(format!("`{}` is a system table; handlers cannot read it", table.value));
+            return deny(format!(
+                "`{}` is a system table; handlers cannot read it",
+                table.value
+            ));
         }
         if self.guard.granted.contains(&normalized) {
             ControlFlow::Continue(())
@@ -304,7 +337,9 @@ impl Checker<'_> {
             | SetExpr::Insert(_)
             | SetExpr::Update(_)
             | SetExpr::Delete(_) => ControlFlow::Continue(()),
-            SetExpr::Table(_) => deny("`TABLE name` is not supported; write SELECT * FROM name".into()),
+            SetExpr::Table(_) => {
+                deny("`TABLE name` is not supported; write SELECT * FROM name".into())
+            }
             SetExpr::Merge(_) => deny("MERGE is not allowed; use INSERT ... ON CONFLICT".into()),
         }
     }
@@ -312,7 +347,12 @@ impl Checker<'_> {
     fn check_function(&self, f: &Function) -> ControlFlow<DbError> {
         let name = match f.name.0.as_slice() {
             [ObjectNamePart::Identifier(i)] => i.value.to_ascii_lowercase(),
-            _ => return deny(format!("function `{}` is not allowed in handler SQL", f.name)),
+            _ => {
+                return deny(format!(
+                    "function `{}` is not allowed in handler SQL",
+                    f.name
+                ));
+            }
         };
         if ALLOWED_FUNCTIONS.contains(&name.as_str())
             && matches!(f.parameters, sqlparser::ast::FunctionArguments::None)
@@ -391,7 +431,11 @@ impl Checker<'_> {
             }
             other => {
                 let text = other.to_string();
-                let word = text.split_whitespace().next().unwrap_or("this").to_ascii_uppercase();
+                let word = text
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("this")
+                    .to_ascii_uppercase();
                 deny(format!(
                     "{word} statements are not allowed; a handler runs only SELECT, INSERT, UPDATE or DELETE in the host's transaction"
                 ))
@@ -402,7 +446,9 @@ impl Checker<'_> {
     fn check_placeholder(&mut self, p: &str) -> ControlFlow<DbError> {
         let n = p
             .strip_prefix('$')
-            .filter(|d| !d.starts_with('0') && !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|d| {
+                !d.starts_with('0') && !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+            })
             .and_then(|d| d.parse::<usize>().ok())
             .filter(|n| (1..=MAX_PLACEHOLDER).contains(n));
         match n {
@@ -466,7 +512,10 @@ impl Visitor for Checker<'_> {
         if select.into.is_some() {
             return deny("SELECT INTO creates a table; it is not allowed".into());
         }
-        if !select.lateral_views.is_empty() || !select.connect_by.is_empty() || select.prewhere.is_some() {
+        if !select.lateral_views.is_empty()
+            || !select.connect_by.is_empty()
+            || select.prewhere.is_some()
+        {
             return deny("this SELECT form is not supported by idem".into());
         }
         ControlFlow::Continue(())
@@ -489,7 +538,9 @@ impl Visitor for Checker<'_> {
                 ..
             } => {
                 if args.is_some() {
-                    return deny(format!("table function `{name}` is not allowed; read granted tables"));
+                    return deny(format!(
+                        "table function `{name}` is not allowed; read granted tables"
+                    ));
                 }
                 if !with_hints.is_empty()
                     || version.is_some()
@@ -497,12 +548,18 @@ impl Visitor for Checker<'_> {
                     || json_path.is_some()
                     || !index_directives.is_empty()
                 {
-                    return deny(format!("this form of table reference `{name}` is not supported"));
+                    return deny(format!(
+                        "this form of table reference `{name}` is not supported"
+                    ));
                 }
                 ControlFlow::Continue(())
             }
-            TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => ControlFlow::Continue(()),
-            _ => deny("this FROM item is not allowed; use granted tables, joins and subqueries".into()),
+            TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => {
+                ControlFlow::Continue(())
+            }
+            _ => deny(
+                "this FROM item is not allowed; use granted tables, joins and subqueries".into(),
+            ),
         }
     }
 
@@ -532,7 +589,12 @@ impl Visitor for Checker<'_> {
 /// `s` on one line (newlines become spaces).
 fn one_line(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
-    for (i, line) in s.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
+    for (i, line) in s
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
         if i > 0 {
             out.push(' ');
         }

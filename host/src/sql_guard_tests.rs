@@ -20,10 +20,17 @@ fn allowed(kind: DbKind, sql: &str) -> CheckedSql {
 #[track_caller]
 fn refused(kind: DbKind, sql: &str, expected: DbErrorKind, needle: &str) {
     match guard(kind).check(sql) {
-        Ok(c) => panic!("{kind:?}: expected {sql:?} to be refused, it passed as {:?}", c.as_str()),
+        Ok(c) => panic!(
+            "{kind:?}: expected {sql:?} to be refused, it passed as {:?}",
+            c.as_str()
+        ),
         Err(e) => {
             assert_eq!(e.kind, expected, "{kind:?} {sql:?}: {}", e.message);
-            assert!(e.message.contains(needle), "{kind:?} {sql:?}: message {:?} lacks {needle:?}", e.message);
+            assert!(
+                e.message.contains(needle),
+                "{kind:?} {sql:?}: message {:?} lacks {needle:?}",
+                e.message
+            );
             assert!(!e.message.contains('\n'), "one line: {:?}", e.message);
         }
     }
@@ -32,8 +39,14 @@ fn refused(kind: DbKind, sql: &str, expected: DbErrorKind, needle: &str) {
 #[test]
 fn granted_statements_pass_with_canonical_text_and_param_count() {
     for kind in BOTH {
-        let c = allowed(kind, "select balance from accounts where account_id = $2 and x = $1;");
-        assert_eq!(c.as_str(), "SELECT balance FROM accounts WHERE account_id = $2 AND x = $1");
+        let c = allowed(
+            kind,
+            "select balance from accounts where account_id = $2 and x = $1;",
+        );
+        assert_eq!(
+            c.as_str(),
+            "SELECT balance FROM accounts WHERE account_id = $2 AND x = $1"
+        );
         assert_eq!(c.param_count(), 2);
         let c = allowed(
             kind,
@@ -97,8 +110,18 @@ fn host_tables_are_always_refused() {
             assert!(e.message.contains("host table"), "{sql}: {}", e.message);
         }
     }
-    refused(DbKind::Postgres, "SELECT * FROM public.idem_receipts", DbErrorKind::Denied, "host table");
-    refused(DbKind::Sqlite, "SELECT * FROM main.idem_receipts", DbErrorKind::Denied, "host table");
+    refused(
+        DbKind::Postgres,
+        "SELECT * FROM public.idem_receipts",
+        DbErrorKind::Denied,
+        "host table",
+    );
+    refused(
+        DbKind::Sqlite,
+        "SELECT * FROM main.idem_receipts",
+        DbErrorKind::Denied,
+        "host table",
+    );
 }
 
 #[test]
@@ -122,13 +145,28 @@ fn ungranted_tables_are_refused_wherever_they_appear() {
             "DELETE FROM accounts USING secret WHERE true",
             "SELECT * FROM \"ACCOUNTS2\"",
         ] {
-            refused(kind, sql, DbErrorKind::Denied, "is not granted to this handler; grant it in [[handler]] tables");
+            refused(
+                kind,
+                sql,
+                DbErrorKind::Denied,
+                "is not granted to this handler; grant it in [[handler]] tables",
+            );
         }
     }
     // PostgreSQL keeps the case of quoted names: "ACCOUNTS" is another table.
-    refused(DbKind::Postgres, "SELECT * FROM \"ACCOUNTS\"", DbErrorKind::Denied, "not granted");
+    refused(
+        DbKind::Postgres,
+        "SELECT * FROM \"ACCOUNTS\"",
+        DbErrorKind::Denied,
+        "not granted",
+    );
     allowed(DbKind::Sqlite, "SELECT * FROM \"ACCOUNTS\"");
-    refused(DbKind::Sqlite, "SELECT 1 FROM accounts WHERE 1 IN secret", DbErrorKind::Denied, "not granted");
+    refused(
+        DbKind::Sqlite,
+        "SELECT 1 FROM accounts WHERE 1 IN secret",
+        DbErrorKind::Denied,
+        "not granted",
+    );
 }
 
 #[test]
@@ -156,8 +194,18 @@ fn cte_names_shadow_tables_only_where_sql_resolves_them() {
 #[test]
 fn one_statement_only() {
     for kind in BOTH {
-        refused(kind, "SELECT 1; SELECT 2", DbErrorKind::Denied, "2 statements in one call");
-        refused(kind, "SELECT * FROM accounts; DROP TABLE accounts", DbErrorKind::Denied, "2 statements");
+        refused(
+            kind,
+            "SELECT 1; SELECT 2",
+            DbErrorKind::Denied,
+            "2 statements in one call",
+        );
+        refused(
+            kind,
+            "SELECT * FROM accounts; DROP TABLE accounts",
+            DbErrorKind::Denied,
+            "2 statements",
+        );
         refused(kind, "", DbErrorKind::Denied, "empty statement");
         refused(kind, "-- nothing", DbErrorKind::Denied, "empty statement");
         refused(kind, "SELEC 1", DbErrorKind::Syntax, "does not parse");
@@ -181,21 +229,46 @@ fn only_select_insert_update_delete() {
             ("RELEASE SAVEPOINT idem_stmt", "RELEASE"),
             ("EXPLAIN SELECT * FROM accounts", "EXPLAIN"),
         ] {
-            refused(kind, sql, DbErrorKind::Denied, &format!("{word} statements are not allowed"));
+            refused(
+                kind,
+                sql,
+                DbErrorKind::Denied,
+                &format!("{word} statements are not allowed"),
+            );
         }
-        refused(kind, "SELECT * INTO copy FROM accounts", DbErrorKind::Denied, "SELECT INTO");
+        refused(
+            kind,
+            "SELECT * INTO copy FROM accounts",
+            DbErrorKind::Denied,
+            "SELECT INTO",
+        );
     }
-    for sql in ["SET search_path = other", "SET LOCAL statement_timeout = 0", "RESET ALL"] {
+    for sql in [
+        "SET search_path = other",
+        "SET LOCAL statement_timeout = 0",
+        "RESET ALL",
+    ] {
         let e = guard(DbKind::Postgres).check(sql).expect_err(sql);
         assert_eq!(e.kind, DbErrorKind::Denied, "{sql}: {}", e.message);
     }
     for sql in ["ATTACH DATABASE 'x.db' AS x", "VACUUM"] {
         let e = guard(DbKind::Sqlite).check(sql).expect_err(sql);
-        assert!(matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax), "{sql}: {e:?}");
+        assert!(
+            matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax),
+            "{sql}: {e:?}"
+        );
     }
-    for sql in ["COPY accounts TO '/tmp/x'", "LOCK TABLE accounts", "DO $$ BEGIN END $$", "GRANT ALL ON accounts TO public"] {
+    for sql in [
+        "COPY accounts TO '/tmp/x'",
+        "LOCK TABLE accounts",
+        "DO $$ BEGIN END $$",
+        "GRANT ALL ON accounts TO public",
+    ] {
         let e = guard(DbKind::Postgres).check(sql).expect_err(sql);
-        assert!(matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax), "{sql}: {e:?}");
+        assert!(
+            matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax),
+            "{sql}: {e:?}"
+        );
     }
 }
 
@@ -217,73 +290,204 @@ fn functions_outside_the_allow_list_are_refused() {
             "SELECT pg_catalog.lower('A')",
             "SELECT * FROM accounts WHERE balance > (SELECT pg_sleep(1))",
         ] {
-            refused(kind, sql, DbErrorKind::Denied, "is not allowed in handler SQL");
+            refused(
+                kind,
+                sql,
+                DbErrorKind::Denied,
+                "is not allowed in handler SQL",
+            );
         }
-        refused(kind, "SELECT * FROM generate_series(1, 3)", DbErrorKind::Denied, "table function");
-        refused(kind, "SELECT * FROM pragma_table_info('accounts')", DbErrorKind::Denied, "table function");
-        refused(kind, "SELECT * FROM json_each('[1]')", DbErrorKind::Denied, "table function");
-        allowed(kind, "SELECT lower(x), UPPER(y), abs(z), round(w, 2), nullif(a, b) FROM accounts");
+        refused(
+            kind,
+            "SELECT * FROM generate_series(1, 3)",
+            DbErrorKind::Denied,
+            "table function",
+        );
+        refused(
+            kind,
+            "SELECT * FROM pragma_table_info('accounts')",
+            DbErrorKind::Denied,
+            "table function",
+        );
+        refused(
+            kind,
+            "SELECT * FROM json_each('[1]')",
+            DbErrorKind::Denied,
+            "table function",
+        );
+        allowed(
+            kind,
+            "SELECT lower(x), UPPER(y), abs(z), round(w, 2), nullif(a, b) FROM accounts",
+        );
     }
 }
 
 #[test]
 fn catalogs_and_other_schemas_are_refused() {
     for kind in BOTH {
-        refused(kind, "SELECT * FROM pg_catalog.pg_class", DbErrorKind::Denied, "system catalog");
-        refused(kind, "SELECT * FROM information_schema.tables", DbErrorKind::Denied, "system catalog");
-        refused(kind, "SELECT * FROM sqlite_master", DbErrorKind::Denied, "system catalog");
-        refused(kind, "SELECT * FROM sqlite_schema", DbErrorKind::Denied, "system catalog");
-        refused(kind, "SELECT * FROM pg_class", DbErrorKind::Denied, "system table");
-        refused(kind, "SELECT * FROM sqlite_sequence", DbErrorKind::Denied, "system table");
-        refused(kind, "SELECT * FROM other.accounts", DbErrorKind::Denied, "schema `other` is not allowed");
-        refused(kind, "SELECT * FROM db.public.accounts", DbErrorKind::Denied, "too many parts");
+        refused(
+            kind,
+            "SELECT * FROM pg_catalog.pg_class",
+            DbErrorKind::Denied,
+            "system catalog",
+        );
+        refused(
+            kind,
+            "SELECT * FROM information_schema.tables",
+            DbErrorKind::Denied,
+            "system catalog",
+        );
+        refused(
+            kind,
+            "SELECT * FROM sqlite_master",
+            DbErrorKind::Denied,
+            "system catalog",
+        );
+        refused(
+            kind,
+            "SELECT * FROM sqlite_schema",
+            DbErrorKind::Denied,
+            "system catalog",
+        );
+        refused(
+            kind,
+            "SELECT * FROM pg_class",
+            DbErrorKind::Denied,
+            "system table",
+        );
+        refused(
+            kind,
+            "SELECT * FROM sqlite_sequence",
+            DbErrorKind::Denied,
+            "system table",
+        );
+        refused(
+            kind,
+            "SELECT * FROM other.accounts",
+            DbErrorKind::Denied,
+            "schema `other` is not allowed",
+        );
+        refused(
+            kind,
+            "SELECT * FROM db.public.accounts",
+            DbErrorKind::Denied,
+            "too many parts",
+        );
     }
-    refused(DbKind::Sqlite, "SELECT * FROM temp.accounts", DbErrorKind::Denied, "schema `temp`");
-    refused(DbKind::Postgres, "SELECT * FROM main.accounts", DbErrorKind::Denied, "schema `main`");
+    refused(
+        DbKind::Sqlite,
+        "SELECT * FROM temp.accounts",
+        DbErrorKind::Denied,
+        "schema `temp`",
+    );
+    refused(
+        DbKind::Postgres,
+        "SELECT * FROM main.accounts",
+        DbErrorKind::Denied,
+        "schema `main`",
+    );
 }
 
 #[test]
 fn comments_and_quotes_cannot_smuggle_statements() {
     for kind in BOTH {
         // What reaches the database is re-printed from the AST: comments are gone.
-        assert_eq!(allowed(kind, "SELECT 1 -- ; DROP TABLE accounts").as_str(), "SELECT 1");
-        assert_eq!(allowed(kind, "SELECT /* ; DROP TABLE accounts; */ 1").as_str(), "SELECT 1");
+        assert_eq!(
+            allowed(kind, "SELECT 1 -- ; DROP TABLE accounts").as_str(),
+            "SELECT 1"
+        );
+        assert_eq!(
+            allowed(kind, "SELECT /* ; DROP TABLE accounts; */ 1").as_str(),
+            "SELECT 1"
+        );
         assert_eq!(
             allowed(kind, "SELECT '; DROP TABLE accounts; --' FROM accounts").as_str(),
             "SELECT '; DROP TABLE accounts; --' FROM accounts"
         );
         assert_eq!(
-            allowed(kind, "SELECT 'it''s' FROM accounts WHERE x = 'a'';DELETE FROM accounts;--'").as_str(),
+            allowed(
+                kind,
+                "SELECT 'it''s' FROM accounts WHERE x = 'a'';DELETE FROM accounts;--'"
+            )
+            .as_str(),
             "SELECT 'it''s' FROM accounts WHERE x = 'a'';DELETE FROM accounts;--'"
         );
-        refused(kind, "SELECT 'unterminated", DbErrorKind::Syntax, "does not parse");
-        refused(kind, "SELECT \"x\"\"; DROP TABLE accounts; --\" FROM secret", DbErrorKind::Denied, "not granted");
+        refused(
+            kind,
+            "SELECT 'unterminated",
+            DbErrorKind::Syntax,
+            "does not parse",
+        );
+        refused(
+            kind,
+            "SELECT \"x\"\"; DROP TABLE accounts; --\" FROM secret",
+            DbErrorKind::Denied,
+            "not granted",
+        );
     }
     // SQLite, like sqlparser's SQLite dialect, ends an unterminated comment at the end of input.
-    assert_eq!(allowed(DbKind::Sqlite, "SELECT 1 /* unterminated").as_str(), "SELECT 1");
-    refused(DbKind::Postgres, "SELECT 1 /* unterminated", DbErrorKind::Syntax, "does not parse");
+    assert_eq!(
+        allowed(DbKind::Sqlite, "SELECT 1 /* unterminated").as_str(),
+        "SELECT 1"
+    );
+    refused(
+        DbKind::Postgres,
+        "SELECT 1 /* unterminated",
+        DbErrorKind::Syntax,
+        "does not parse",
+    );
     // PostgreSQL nests block comments: the whole first comment is one comment.
-    assert_eq!(allowed(DbKind::Postgres, "SELECT /* /* */ 1; DROP TABLE x; */ 2").as_str(), "SELECT 2");
+    assert_eq!(
+        allowed(DbKind::Postgres, "SELECT /* /* */ 1; DROP TABLE x; */ 2").as_str(),
+        "SELECT 2"
+    );
     // A backslash does not escape a quote (standard_conforming_strings).
     assert_eq!(
         allowed(DbKind::Postgres, "SELECT 'a\\' FROM accounts --'").as_str(),
         "SELECT 'a\\' FROM accounts"
     );
-    refused(DbKind::Postgres, "SELECT $$; DROP TABLE accounts; $$ FROM secret", DbErrorKind::Denied, "not granted");
+    refused(
+        DbKind::Postgres,
+        "SELECT $$; DROP TABLE accounts; $$ FROM secret",
+        DbErrorKind::Denied,
+        "not granted",
+    );
 }
 
 #[test]
 fn placeholders_are_dollar_numbers() {
     for kind in BOTH {
-        assert_eq!(allowed(kind, "SELECT $3, $1 FROM accounts").param_count(), 3);
-        for sql in ["SELECT $0", "SELECT $01", "SELECT $a", "SELECT :a", "SELECT $65536"] {
+        assert_eq!(
+            allowed(kind, "SELECT $3, $1 FROM accounts").param_count(),
+            3
+        );
+        for sql in [
+            "SELECT $0",
+            "SELECT $01",
+            "SELECT $a",
+            "SELECT :a",
+            "SELECT $65536",
+        ] {
             refused(kind, sql, DbErrorKind::Denied, "write parameters as $1..$n");
         }
         let e = guard(kind).check("SELECT ?").expect_err("?");
-        assert!(matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax), "{e:?}");
+        assert!(
+            matches!(e.kind, DbErrorKind::Denied | DbErrorKind::Syntax),
+            "{e:?}"
+        );
     }
-    refused(DbKind::Sqlite, "SELECT ?1", DbErrorKind::Denied, "write parameters as $1..$n");
-    refused(DbKind::Sqlite, "SELECT @a", DbErrorKind::Denied, "write parameters as $1..$n");
+    refused(
+        DbKind::Sqlite,
+        "SELECT ?1",
+        DbErrorKind::Denied,
+        "write parameters as $1..$n",
+    );
+    refused(
+        DbKind::Sqlite,
+        "SELECT @a",
+        DbErrorKind::Denied,
+        "write parameters as $1..$n",
+    );
 }
 
 #[test]
@@ -297,7 +501,10 @@ fn typed_text_names_the_parameter_types() {
         SqlValue::Bytes(vec![1]),
         SqlValue::Boolean(true),
     ];
-    assert_eq!(c.to_sqlx_typed(&params).0, "SELECT $1, $2, $3, $4, $5, $6\n-- idem:itnfbo");
+    assert_eq!(
+        c.to_sqlx_typed(&params).0,
+        "SELECT $1, $2, $3, $4, $5, $6\n-- idem:itnfbo"
+    );
     let c = allowed(DbKind::Postgres, "SELECT 1");
     assert_eq!(c.to_sqlx_typed(&[]).0, "SELECT 1");
     assert_eq!(&*c.to_sqlx().0, "SELECT 1");
@@ -314,6 +521,14 @@ fn verdicts_are_cached_and_the_size_is_bounded() {
         g.check(&format!("SELECT {i} FROM accounts")).unwrap();
     }
     assert!(g.lock_cache().len() <= CACHE_CAPACITY);
-    let long = format!("SELECT 1 FROM accounts WHERE x = '{}'", "a".repeat(MAX_SQL_BYTES));
-    refused(DbKind::Postgres, &long, DbErrorKind::Denied, "the limit is 65536");
+    let long = format!(
+        "SELECT 1 FROM accounts WHERE x = '{}'",
+        "a".repeat(MAX_SQL_BYTES)
+    );
+    refused(
+        DbKind::Postgres,
+        &long,
+        DbErrorKind::Denied,
+        "the limit is 65536",
+    );
 }

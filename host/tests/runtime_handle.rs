@@ -182,6 +182,11 @@ async fn trap_is_a_failure_and_the_host_goes_on() {
     match r {
         Err(HandlerFailure::Trap(t)) => {
             assert!(t.contains("unreachable"), "{t}");
+            // The SDK's panic hook logs the message; the host adds it to the reason.
+            assert!(
+                t.contains("guest panicked at") && t.ends_with("asked to trap"),
+                "{t}"
+            );
             assert!(!t.contains('\n'), "{t}");
         }
         other => panic!("expected a trap, got {other:?}"),
@@ -345,4 +350,93 @@ async fn log_flood_is_capped_not_fatal() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_full_pool_asks_for_a_retry() {
+    let small = Runtime::with_capacity(1).unwrap();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let module = small.load(&target.join("guests/behave.wasm")).unwrap();
+    let db = db().await;
+    let slow = Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let call = |limits: Limits, payload: serde_json::Value| {
+        let (small, module, pool) = (&small, &module, &db.pool);
+        async move {
+            let tx = Tx::Sqlite(pool.begin().await.unwrap());
+            small
+                .handle(module, &invocation(limits), tx, message(payload, 1))
+                .await
+                .0
+        }
+    };
+    let busy = call(slow, json!({"op": "loop"}));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        call(Limits::default(), json!({"op": "reject"})).await
+    };
+    let (busy, second) = tokio::join!(busy, second);
+    assert!(matches!(busy, Err(HandlerFailure::Trap(_))), "{busy:?}");
+    match second {
+        Err(HandlerFailure::Retry(r)) => assert!(r.starts_with("host at capacity"), "{r}"),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    // Once the slot is free again, calls run.
+    let r = call(Limits::default(), json!({"op": "reject"})).await;
+    assert!(matches!(r, Err(HandlerFailure::Reject(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_module_from_another_runtime_is_refused() {
+    let other = Runtime::new().unwrap();
+    let db = db().await;
+    let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+    let (r, _tx) = other
+        .handle(
+            &BEHAVE,
+            &invocation(Limits::default()),
+            tx,
+            message(json!({"op": "reject"}), 1),
+        )
+        .await;
+    assert!(matches!(r, Err(HandlerFailure::Trap(t)) if t.contains("another Runtime")));
+}
+
+#[tokio::test]
+async fn credit_example_upserts_and_rejects_bad_json() {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let credit = RUNTIME.load(&target.join("guests/credit.wasm")).unwrap();
+    let db = db().await;
+    for payload in [
+        json!({"event_id": "evt_8142", "account_id": 73, "amount": 500}),
+        json!({"event_id": "evt_8143", "account_id": 73, "amount": -20}),
+        json!({"account_id": "seventy-three"}),
+    ] {
+        let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+        let (r, tx) = RUNTIME
+            .handle(
+                &credit,
+                &invocation(Limits::default()),
+                tx,
+                message(payload.clone(), 1),
+            )
+            .await;
+        let Tx::Sqlite(tx) = tx else { panic!() };
+        match r {
+            Ok(()) => tx.commit().await.unwrap(),
+            Err(HandlerFailure::Reject(reason)) => {
+                assert!(reason.starts_with("not a credit event"), "{reason}");
+                assert!(payload.get("event_id").is_none());
+                tx.rollback().await.unwrap();
+            }
+            Err(other) => panic!("{payload}: {other}"),
+        }
+    }
+    assert_eq!(balance(&db, 73).await, Some(480));
 }

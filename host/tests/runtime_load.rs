@@ -140,3 +140,19 @@ fn behave_loads() {
     let p = built("guests/behave.wasm");
     RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn example_config_points_at_a_loadable_module() {
+    built("guests/credit.wasm");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/credit/idem.toml");
+    let config = idem::config::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let handler = &config.handlers[0];
+    RUNTIME
+        .load(&handler.module)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let migrations = handler
+        .migrations
+        .as_ref()
+        .expect("the example ships migrations");
+    assert!(migrations.join("0001_accounts.sql").exists());
+}

@@ -13,21 +13,39 @@ fn unique(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    format!("{prefix}_{}_{nanos}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{nanos}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 async fn scalar(db: &Database, sql: String) -> i64 {
     match db {
-        Database::Postgres(p) => sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(p).await,
-        Database::Sqlite(p) => sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(p).await,
+        Database::Postgres(p) => {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(p)
+                .await
+        }
+        Database::Sqlite(p) => {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(p)
+                .await
+        }
     }
     .unwrap()
 }
 
 async fn raw(db: &Database, sql: String) {
     match db {
-        Database::Postgres(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(p).await.map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(p).await.map(|_| ()),
+        Database::Postgres(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(p)
+            .await
+            .map(|_| ()),
+        Database::Sqlite(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(p)
+            .await
+            .map(|_| ()),
     }
     .unwrap();
 }
@@ -39,7 +57,11 @@ fn write_migrations(dir: &Path, table: &str) {
         format!("CREATE TABLE {table} (account_id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);"),
     )
     .unwrap();
-    std::fs::write(dir.join("2_seed.sql"), format!("INSERT INTO {table} VALUES (1, 100);")).unwrap();
+    std::fs::write(
+        dir.join("2_seed.sql"),
+        format!("INSERT INTO {table} VALUES (1, 100);"),
+    )
+    .unwrap();
 }
 
 async fn per_handler_and_idempotent(db: &Database) {
@@ -49,29 +71,65 @@ async fn per_handler_and_idempotent(db: &Database) {
     write_migrations(&tmp.path().join("a"), &t1);
     write_migrations(&tmp.path().join("b"), &t2);
 
-    db.migrate_handler(&h1, &tmp.path().join("a")).await.unwrap();
-    db.migrate_handler(&h1, &tmp.path().join("a")).await.unwrap();
+    db.migrate_handler(&h1, &tmp.path().join("a"))
+        .await
+        .unwrap();
+    db.migrate_handler(&h1, &tmp.path().join("a"))
+        .await
+        .unwrap();
     assert_eq!(scalar(db, format!("SELECT count(*) FROM {t1}")).await, 1);
     // The second handler's versions 1 and 2 are its own: they run although h1 has 1 and 2.
-    db.migrate_handler(&h2, &tmp.path().join("b")).await.unwrap();
-    assert_eq!(scalar(db, format!("SELECT CAST(sum(balance) AS BIGINT) FROM {t2}")).await, 100);
+    db.migrate_handler(&h2, &tmp.path().join("b"))
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar(db, format!("SELECT CAST(sum(balance) AS BIGINT) FROM {t2}")).await,
+        100
+    );
     for h in [&h1, &h2] {
-        let n = scalar(db, format!("SELECT count(*) FROM {} WHERE success", migrations_table(h))).await;
+        let n = scalar(
+            db,
+            format!("SELECT count(*) FROM {} WHERE success", migrations_table(h)),
+        )
+        .await;
         assert_eq!(n, 2, "{h}");
     }
 
     // A changed migration that already ran is an error naming the handler.
-    std::fs::write(tmp.path().join("a/2_seed.sql"), format!("INSERT INTO {t1} VALUES (2, 5);")).unwrap();
-    let e = db.migrate_handler(&h1, &tmp.path().join("a")).await.unwrap_err();
+    std::fs::write(
+        tmp.path().join("a/2_seed.sql"),
+        format!("INSERT INTO {t1} VALUES (2, 5);"),
+    )
+    .unwrap();
+    let e = db
+        .migrate_handler(&h1, &tmp.path().join("a"))
+        .await
+        .unwrap_err();
     let msg = format!("{e:#}");
-    assert!(msg.starts_with(&format!("migrations of handler `{h1}` in ")), "{msg}");
-    assert!(msg.contains("migration 2 was previously applied but has been modified"), "{msg}");
+    assert!(
+        msg.starts_with(&format!("migrations of handler `{h1}` in ")),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("migration 2 was previously applied but has been modified"),
+        "{msg}"
+    );
 
-    let e = db.migrate_handler(&h1, &tmp.path().join("missing")).await.unwrap_err();
-    assert!(format!("{e:#}").starts_with(&format!("migrations of handler `{h1}` in ")), "{e:#}");
+    let e = db
+        .migrate_handler(&h1, &tmp.path().join("missing"))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").starts_with(&format!("migrations of handler `{h1}` in ")),
+        "{e:#}"
+    );
 
     for (h, t) in [(&h1, &t1), (&h2, &t2)] {
-        raw(db, format!("DROP TABLE {t}; DROP TABLE {}", migrations_table(h))).await;
+        raw(
+            db,
+            format!("DROP TABLE {t}; DROP TABLE {}", migrations_table(h)),
+        )
+        .await;
     }
 }
 
@@ -83,19 +141,34 @@ async fn migrate_handler_per_handler_and_idempotent_pg() {
 #[tokio::test]
 async fn migrate_handler_per_handler_and_idempotent_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::connect(&format!("sqlite://{}", dir.path().join("m.db").display()), 2).await.unwrap();
+    let db = Database::connect(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        2,
+    )
+    .await
+    .unwrap();
     per_handler_and_idempotent(&db).await;
 }
 
 #[test]
 fn migrations_table_names_are_safe_and_distinct() {
-    assert_eq!(migrations_table("credit_projector"), "idem_migrations_credit_projector");
+    assert_eq!(
+        migrations_table("credit_projector"),
+        "idem_migrations_credit_projector"
+    );
     let hyphen = migrations_table("credit-projector");
-    assert!(hyphen.starts_with("idem_migrations_credit_projector_"), "{hyphen}");
+    assert!(
+        hyphen.starts_with("idem_migrations_credit_projector_"),
+        "{hyphen}"
+    );
     assert_ne!(hyphen, migrations_table("credit_projector"));
     assert_ne!(hyphen, migrations_table("Credit-Projector"));
     let long = migrations_table(&"x".repeat(100));
     assert_eq!(long.len(), 63);
     assert_ne!(long, migrations_table(&"x".repeat(101)));
-    assert!(migrations_table("a\"; DROP TABLE t; --").chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    assert!(
+        migrations_table("a\"; DROP TABLE t; --")
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    );
 }

@@ -17,13 +17,23 @@ fn unique(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    format!("{prefix}_{}_{nanos}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{nanos}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 async fn raw(db: &Database, sql: &str) {
     match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(p).await.map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(p).await.map(|_| ()),
+        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(p)
+            .await
+            .map(|_| ()),
+        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(p)
+            .await
+            .map(|_| ()),
     }
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
@@ -42,19 +52,36 @@ async fn sqlite(dir: &tempfile::TempDir) -> Database {
 }
 
 fn receipt<'a>(consumer: &'a str, message_id: &'a str) -> Receipt<'a> {
-    Receipt { consumer, message_id, stream_sequence: 42, module_digest: "abc123" }
+    Receipt {
+        consumer,
+        message_id,
+        stream_sequence: 42,
+        module_digest: "abc123",
+    }
 }
 
 async fn insert_then_duplicate(db: &Database) {
     let consumer = unique("c");
     let other = unique("c");
     let mut tx = db.begin().await.unwrap();
-    assert!(tx.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        tx.insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
     tx.commit().await.unwrap();
     let mut tx = db.begin().await.unwrap();
-    assert!(!tx.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        !tx.insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
     // Another event id, or another consumer with the same event id, is new (invariant 4).
-    assert!(tx.insert_receipt(&receipt(&consumer, "evt_2")).await.unwrap());
+    assert!(
+        tx.insert_receipt(&receipt(&consumer, "evt_2"))
+            .await
+            .unwrap()
+    );
     assert!(tx.insert_receipt(&receipt(&other, "evt_1")).await.unwrap());
     tx.commit().await.unwrap();
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 2);
@@ -79,26 +106,43 @@ async fn rollback_leaves_nothing(db: &Database) {
     let t = unique("rb");
     raw(db, &format!("CREATE TABLE {t} (id BIGINT PRIMARY KEY)")).await;
     let guard = SqlGuard::new(db.kind(), std::slice::from_ref(&t));
-    let ins = guard.check(&format!("INSERT INTO {t} (id) VALUES ($1)")).unwrap();
+    let ins = guard
+        .check(&format!("INSERT INTO {t} (id) VALUES ($1)"))
+        .unwrap();
     let count = guard.check(&format!("SELECT count(*) FROM {t}")).unwrap();
 
     let mut tx = db.begin().await.unwrap();
-    assert!(tx.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        tx.insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
     assert_eq!(tx.execute(&ins, &[SqlValue::Integer(1)]).await.unwrap(), 1);
     tx.rollback().await.unwrap();
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 0);
 
     // Dropping a transaction without commit rolls it back too.
     let mut tx = db.begin().await.unwrap();
-    assert!(tx.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        tx.insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
     assert_eq!(tx.execute(&ins, &[SqlValue::Integer(1)]).await.unwrap(), 1);
     drop(tx);
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 0);
 
     let mut tx = db.begin().await.unwrap();
-    assert_eq!(tx.query(&count, &[], 1).await.unwrap().rows, vec![vec![SqlValue::Integer(0)]]);
+    assert_eq!(
+        tx.query(&count, &[], 1).await.unwrap().rows,
+        vec![vec![SqlValue::Integer(0)]]
+    );
     // The same message then commits once.
-    assert!(tx.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        tx.insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
     assert_eq!(tx.execute(&ins, &[SqlValue::Integer(1)]).await.unwrap(), 1);
     tx.commit().await.unwrap();
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
@@ -125,7 +169,12 @@ async fn pg_concurrent_receipt_waits_then_sees_duplicate() {
     for first_commits in [true, false] {
         let consumer = unique("c");
         let mut first = db.begin().await.unwrap();
-        assert!(first.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+        assert!(
+            first
+                .insert_receipt(&receipt(&consumer, "evt_1"))
+                .await
+                .unwrap()
+        );
 
         let (db2, c2) = (db.clone(), consumer.clone());
         let second = tokio::spawn(async move {
@@ -134,14 +183,20 @@ async fn pg_concurrent_receipt_waits_then_sees_duplicate() {
             (inserted, tx)
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!second.is_finished(), "the second insert must wait for the first transaction");
+        assert!(
+            !second.is_finished(),
+            "the second insert must wait for the first transaction"
+        );
 
         if first_commits {
             first.commit().await.unwrap();
         } else {
             first.rollback().await.unwrap();
         }
-        let (inserted, tx) = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap();
+        let (inserted, tx) = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(inserted.unwrap(), !first_commits);
         tx.commit().await.unwrap();
         assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
@@ -156,7 +211,12 @@ async fn sqlite_concurrent_transactions_wait_for_the_writer() {
     let db = Arc::new(sqlite(&dir).await);
     let consumer = unique("c");
     let mut first = db.begin().await.unwrap();
-    assert!(first.insert_receipt(&receipt(&consumer, "evt_1")).await.unwrap());
+    assert!(
+        first
+            .insert_receipt(&receipt(&consumer, "evt_1"))
+            .await
+            .unwrap()
+    );
 
     let (db2, c2) = (db.clone(), consumer.clone());
     let second = tokio::spawn(async move {
@@ -166,9 +226,15 @@ async fn sqlite_concurrent_transactions_wait_for_the_writer() {
         inserted
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!second.is_finished(), "the second BEGIN IMMEDIATE must wait");
+    assert!(
+        !second.is_finished(),
+        "the second BEGIN IMMEDIATE must wait"
+    );
     first.commit().await.unwrap();
-    let inserted = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap();
+    let inserted = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!inserted);
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
 }
@@ -195,29 +261,58 @@ async fn dead_letters_are_idempotent(db: &Database) {
         .unwrap()
         .as_millis();
     db.dead_letter(&dl).await.unwrap();
-    db.dead_letter(&DeadLetter { reason: "second try", ..dl.clone() }).await.unwrap();
-    db.dead_letter(&DeadLetter { message_id: None, stream_sequence: 18, headers: &[], reason: "no identity", ..dl.clone() })
-        .await
-        .unwrap();
+    db.dead_letter(&DeadLetter {
+        reason: "second try",
+        ..dl.clone()
+    })
+    .await
+    .unwrap();
+    db.dead_letter(&DeadLetter {
+        message_id: None,
+        stream_sequence: 18,
+        headers: &[],
+        reason: "no identity",
+        ..dl.clone()
+    })
+    .await
+    .unwrap();
     // The same sequence in another stream is another message.
-    db.dead_letter(&DeadLetter { stream: "OTHER", ..dl.clone() }).await.unwrap();
+    db.dead_letter(&DeadLetter {
+        stream: "OTHER",
+        ..dl.clone()
+    })
+    .await
+    .unwrap();
 
     let rows = db.dead_letters(&consumer).await.unwrap();
     assert_eq!(rows.len(), 3);
     let first = &rows[0];
     assert_eq!(first.consumer, consumer);
     assert_eq!(first.message_id.as_deref(), Some("evt_9"));
-    assert_eq!((first.stream.as_str(), first.stream_sequence), ("ACCOUNTS", 17));
+    assert_eq!(
+        (first.stream.as_str(), first.stream_sequence),
+        ("ACCOUNTS", 17)
+    );
     assert_eq!(first.subject, "accounts.credit");
     assert_eq!(first.reason, "rejected: unknown currency");
     assert_eq!(first.headers, headers);
     assert_eq!(first.payload, vec![0, 1, 2, 255]);
     let age = i128::from(first.failed_at_ms) - i128::try_from(before).unwrap();
-    assert!((-60_000..60_000).contains(&age), "failed_at_ms {} vs now {before}", first.failed_at_ms);
-    assert_eq!((rows[1].message_id.as_deref(), rows[1].stream_sequence), (None, 18));
+    assert!(
+        (-60_000..60_000).contains(&age),
+        "failed_at_ms {} vs now {before}",
+        first.failed_at_ms
+    );
+    assert_eq!(
+        (rows[1].message_id.as_deref(), rows[1].stream_sequence),
+        (None, 18)
+    );
     assert_eq!(rows[1].reason, "no identity");
     assert!(rows[1].headers.is_empty());
-    assert_eq!((rows[2].stream.as_str(), rows[2].stream_sequence), ("OTHER", 17));
+    assert_eq!(
+        (rows[2].stream.as_str(), rows[2].stream_sequence),
+        ("OTHER", 17)
+    );
     assert!(rows[0].id < rows[1].id && rows[1].id < rows[2].id);
     assert!(db.dead_letters(&unique("none")).await.unwrap().is_empty());
 }
@@ -236,11 +331,12 @@ async fn dead_letter_idempotent_sqlite() {
 /// Several hosts starting at once all succeed (advisory lock on PostgreSQL).
 #[tokio::test]
 async fn prepare_host_tables_is_idempotent_and_concurrent() {
-    let dbs: Vec<Arc<Database>> = futures::future::join_all((0..4).map(|_| Database::connect(PG_URL, 2)))
-        .await
-        .into_iter()
-        .map(|db| Arc::new(db.unwrap()))
-        .collect();
+    let dbs: Vec<Arc<Database>> =
+        futures::future::join_all((0..4).map(|_| Database::connect(PG_URL, 2)))
+            .await
+            .into_iter()
+            .map(|db| Arc::new(db.unwrap()))
+            .collect();
     let results = futures::future::join_all(dbs.iter().map(|db| db.prepare_host_tables())).await;
     for r in results {
         r.unwrap();
@@ -253,31 +349,60 @@ async fn prepare_host_tables_is_idempotent_and_concurrent() {
 
 #[tokio::test]
 async fn connect_errors_are_one_line_without_password() {
-    let e = Database::connect("postgres://postgres:hunter2@127.0.0.1:1/test", 1).await.err().unwrap().to_string();
-    assert!(e.starts_with("cannot connect to database postgres://postgres:***@127.0.0.1:1/test: "), "{e}");
+    let e = Database::connect("postgres://postgres:hunter2@127.0.0.1:1/test", 1)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with("cannot connect to database postgres://postgres:***@127.0.0.1:1/test: "),
+        "{e}"
+    );
     assert!(e.ends_with("; check [database] url"), "{e}");
     assert!(!e.contains("hunter2") && !e.contains('\n'), "{e}");
 
-    let e = Database::connect("mysql://x@h/db", 1).await.err().unwrap().to_string();
+    let e = Database::connect("mysql://x@h/db", 1)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert_eq!(
         e,
         "cannot connect to database mysql://x@h/db: unsupported scheme (use postgres://… or sqlite://…); check [database] url"
     );
 
-    let e = Database::connect("sqlite:///nonexistent-dir/for/sure/idem.db", 1).await.err().unwrap().to_string();
-    assert!(e.starts_with("cannot connect to database sqlite:///nonexistent-dir/for/sure/idem.db: "), "{e}");
+    let e = Database::connect("sqlite:///nonexistent-dir/for/sure/idem.db", 1)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with("cannot connect to database sqlite:///nonexistent-dir/for/sure/idem.db: "),
+        "{e}"
+    );
 
     // A missing SQLite file is created, with WAL on.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("new.db");
-    let db = Database::connect(&format!("sqlite://{}", path.display()), 2).await.unwrap();
+    let db = Database::connect(&format!("sqlite://{}", path.display()), 2)
+        .await
+        .unwrap();
     assert!(path.exists());
     if let Database::Sqlite(pool) = &db {
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(pool).await.unwrap();
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(pool)
+            .await
+            .unwrap();
         assert_eq!(mode, "wal");
-        let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys").fetch_one(pool).await.unwrap();
+        let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+            .fetch_one(pool)
+            .await
+            .unwrap();
         assert_eq!(fk, 1);
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(pool).await.unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(pool)
+            .await
+            .unwrap();
         assert_eq!(sync, 2); // FULL
     }
 }

@@ -16,19 +16,31 @@ fn unique(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    format!("{prefix}_{}_{nanos}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{nanos}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 async fn raw(db: &Database, sql: &str) {
     match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(p).await.map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(p).await.map(|_| ()),
+        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(p)
+            .await
+            .map(|_| ()),
+        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(p)
+            .await
+            .map(|_| ()),
     }
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 fn check(db: &Database, table: &str, sql: &str) -> CheckedSql {
-    SqlGuard::new(db.kind(), &[table.to_string()]).check(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    SqlGuard::new(db.kind(), &[table.to_string()])
+        .check(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
 }
 
 fn int(i: i64) -> SqlValue {
@@ -70,40 +82,80 @@ async fn create_table(db: &Database, t: &str) {
 }
 
 async fn select_all(tx: &mut Tx, db: &Database, t: &str) -> Rows {
-    let q = check(db, t, &format!("SELECT id, name, amount FROM {t} ORDER BY id"));
+    let q = check(
+        db,
+        t,
+        &format!("SELECT id, name, amount FROM {t} ORDER BY id"),
+    );
     tx.query(&q, &[], 100).await.unwrap()
 }
 
-on_both!(params_bind_by_number_pg, params_bind_by_number_sqlite, params_bind_by_number);
+on_both!(
+    params_bind_by_number_pg,
+    params_bind_by_number_sqlite,
+    params_bind_by_number
+);
 async fn params_bind_by_number(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
     // $2 appears before $1: each must take its own argument.
-    let ins = check(db, t, &format!("INSERT INTO {t} (name, id, amount) VALUES ($2, $1, $3)"));
-    assert_eq!(tx.execute(&ins, &[int(7), text("seven"), int(70)]).await.unwrap(), 1);
-    let q = check(db, t, &format!("SELECT name, amount FROM {t} WHERE amount = $2 AND id = $1"));
+    let ins = check(
+        db,
+        t,
+        &format!("INSERT INTO {t} (name, id, amount) VALUES ($2, $1, $3)"),
+    );
+    assert_eq!(
+        tx.execute(&ins, &[int(7), text("seven"), int(70)])
+            .await
+            .unwrap(),
+        1
+    );
+    let q = check(
+        db,
+        t,
+        &format!("SELECT name, amount FROM {t} WHERE amount = $2 AND id = $1"),
+    );
     let rows = tx.query(&q, &[int(7), int(70)], 10).await.unwrap();
     assert_eq!(rows.columns, vec!["name", "amount"]);
     assert_eq!(rows.rows, vec![vec![text("seven"), int(70)]]);
     // One statement text, different parameter types, in one transaction.
-    let q = check(db, t, &format!("SELECT count(*) FROM {t} WHERE name = $1 OR $1 IS NULL"));
+    let q = check(
+        db,
+        t,
+        &format!("SELECT count(*) FROM {t} WHERE name = $1 OR $1 IS NULL"),
+    );
     for (p, n) in [(text("seven"), 1), (text("x"), 0), (SqlValue::Null, 1)] {
         let rows = tx.query(&q, &[p], 10).await.unwrap();
         assert_eq!(rows.rows, vec![vec![int(n)]]);
     }
     // NULL binds into integer and text columns alike.
-    let ins = check(db, t, &format!("INSERT INTO {t} (id, name, amount) VALUES ($1, $2, $3)"));
-    assert_eq!(tx.execute(&ins, &[int(8), text("eight"), SqlValue::Null]).await.unwrap(), 1);
+    let ins = check(
+        db,
+        t,
+        &format!("INSERT INTO {t} (id, name, amount) VALUES ($1, $2, $3)"),
+    );
+    assert_eq!(
+        tx.execute(&ins, &[int(8), text("eight"), SqlValue::Null])
+            .await
+            .unwrap(),
+        1
+    );
     let upd = check(db, t, &format!("UPDATE {t} SET amount = $1 WHERE id >= $2"));
     assert_eq!(tx.execute(&upd, &[int(5), int(7)]).await.unwrap(), 2);
     assert_eq!(
         select_all(&mut tx, db, t).await.rows,
-        vec![vec![int(7), text("seven"), int(5)], vec![int(8), text("eight"), int(5)]]
+        vec![
+            vec![int(7), text("seven"), int(5)],
+            vec![int(8), text("eight"), int(5)]
+        ]
     );
     // The wrong number of parameters is refused before the database.
     let e = tx.execute(&ins, &[int(9)]).await.unwrap_err();
     assert_eq!(e.kind, DbErrorKind::Other);
-    assert_eq!(e.message, "the statement has 3 parameter(s) ($1..$n) but 1 value(s) were given");
+    assert_eq!(
+        e.message,
+        "the statement has 3 parameter(s) ($1..$n) but 1 value(s) were given"
+    );
     // No row: no columns either.
     let q = check(db, t, &format!("SELECT id FROM {t} WHERE id = $1"));
     assert_eq!(tx.query(&q, &[int(99)], 10).await.unwrap(), Rows::default());
@@ -128,7 +180,9 @@ async fn values_decode(db: &Database, t: &str) {
     let ins = check(
         db,
         t,
-        &format!("INSERT INTO {t} (i2, i4, i8, f4, f8, tx, vc, bp, bt, bo, nu) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"),
+        &format!(
+            "INSERT INTO {t} (i2, i4, i8, f4, f8, tx, vc, bp, bt, bo, nu) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        ),
     );
     let params = vec![
         int(-2),
@@ -146,9 +200,16 @@ async fn values_decode(db: &Database, t: &str) {
     assert_eq!(tx.execute(&ins, &params).await.unwrap(), 1);
     let nulls = vec![SqlValue::Null; 11];
     assert_eq!(tx.execute(&ins, &nulls).await.unwrap(), 1);
-    let q = check(db, t, &format!("SELECT i2, i4, i8, f4, f8, tx, vc, bp, bt, bo FROM {t} ORDER BY i2 NULLS LAST"));
+    let q = check(
+        db,
+        t,
+        &format!("SELECT i2, i4, i8, f4, f8, tx, vc, bp, bt, bo FROM {t} ORDER BY i2 NULLS LAST"),
+    );
     let rows = tx.query(&q, &[], 10).await.unwrap();
-    assert_eq!(rows.columns, vec!["i2", "i4", "i8", "f4", "f8", "tx", "vc", "bp", "bt", "bo"]);
+    assert_eq!(
+        rows.columns,
+        vec!["i2", "i4", "i8", "f4", "f8", "tx", "vc", "bp", "bt", "bo"]
+    );
     let boolean = match db.kind() {
         DbKind::Postgres => SqlValue::Boolean(true),
         DbKind::Sqlite => int(1), // SQLite stores booleans as INTEGER
@@ -180,18 +241,45 @@ async fn values_decode(db: &Database, t: &str) {
         DbKind::Postgres => {
             let e = tx.query(&q, &[], 10).await.unwrap_err();
             assert_eq!(e.kind, DbErrorKind::Other);
-            assert_eq!(e.message, "column `nu` has type NUMERIC; cast it in SQL (e.g. ::text or ::bigint)");
-            let q = check(db, t, &format!("SELECT nu::bigint AS n, nu::text AS s FROM {t} ORDER BY i2 NULLS LAST"));
+            assert_eq!(
+                e.message,
+                "column `nu` has type NUMERIC; cast it in SQL (e.g. ::text or ::bigint)"
+            );
+            let q = check(
+                db,
+                t,
+                &format!("SELECT nu::bigint AS n, nu::text AS s FROM {t} ORDER BY i2 NULLS LAST"),
+            );
             let rows = tx.query(&q, &[], 10).await.unwrap();
-            assert_eq!(rows.rows, vec![vec![int(12), text("12")], vec![SqlValue::Null, SqlValue::Null]]);
+            assert_eq!(
+                rows.rows,
+                vec![
+                    vec![int(12), text("12")],
+                    vec![SqlValue::Null, SqlValue::Null]
+                ]
+            );
         }
         DbKind::Sqlite => {
             let rows = tx.query(&q, &[], 10).await.unwrap();
             assert_eq!(rows.rows, vec![vec![int(12)], vec![SqlValue::Null]]);
             // Storage class, not declared type: a REAL column holding an integer value.
-            let q = check(db, t, &format!("SELECT tx, 1.0 * i2 AS r, $1 AS p FROM {t} WHERE i2 = -2"));
-            let rows = tx.query(&q, &[SqlValue::Bytes(b"x".to_vec())], 10).await.unwrap();
-            assert_eq!(rows.rows, vec![vec![text("héllo"), SqlValue::Float(-2.0), SqlValue::Bytes(b"x".to_vec())]]);
+            let q = check(
+                db,
+                t,
+                &format!("SELECT tx, 1.0 * i2 AS r, $1 AS p FROM {t} WHERE i2 = -2"),
+            );
+            let rows = tx
+                .query(&q, &[SqlValue::Bytes(b"x".to_vec())], 10)
+                .await
+                .unwrap();
+            assert_eq!(
+                rows.rows,
+                vec![vec![
+                    text("héllo"),
+                    SqlValue::Float(-2.0),
+                    SqlValue::Bytes(b"x".to_vec())
+                ]]
+            );
         }
     }
     tx.rollback().await.unwrap();
@@ -202,14 +290,37 @@ on_both!(error_kinds_pg, error_kinds_sqlite, error_kinds);
 async fn error_kinds(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
-    let ins = check(db, t, &format!("INSERT INTO {t} (id, name, amount, parent) VALUES ($1, $2, $3, $4)"));
-    let row = |id: i64, name: SqlValue, amount: i64, parent: SqlValue| vec![int(id), name, int(amount), parent];
-    assert_eq!(tx.execute(&ins, &row(1, text("a"), 10, SqlValue::Null)).await.unwrap(), 1);
+    let ins = check(
+        db,
+        t,
+        &format!("INSERT INTO {t} (id, name, amount, parent) VALUES ($1, $2, $3, $4)"),
+    );
+    let row = |id: i64, name: SqlValue, amount: i64, parent: SqlValue| {
+        vec![int(id), name, int(amount), parent]
+    };
+    assert_eq!(
+        tx.execute(&ins, &row(1, text("a"), 10, SqlValue::Null))
+            .await
+            .unwrap(),
+        1
+    );
     let cases = [
-        (row(1, text("dup"), 10, SqlValue::Null), DbErrorKind::UniqueViolation),
-        (row(2, SqlValue::Null, 10, SqlValue::Null), DbErrorKind::ConstraintViolation),
-        (row(3, text("c"), -1, SqlValue::Null), DbErrorKind::ConstraintViolation),
-        (row(4, text("d"), 1, int(999)), DbErrorKind::ConstraintViolation),
+        (
+            row(1, text("dup"), 10, SqlValue::Null),
+            DbErrorKind::UniqueViolation,
+        ),
+        (
+            row(2, SqlValue::Null, 10, SqlValue::Null),
+            DbErrorKind::ConstraintViolation,
+        ),
+        (
+            row(3, text("c"), -1, SqlValue::Null),
+            DbErrorKind::ConstraintViolation,
+        ),
+        (
+            row(4, text("d"), 1, int(999)),
+            DbErrorKind::ConstraintViolation,
+        ),
     ];
     for (params, kind) in cases {
         let e = tx.execute(&ins, &params).await.unwrap_err();
@@ -217,7 +328,10 @@ async fn error_kinds(db: &Database, t: &str) {
         assert!(!e.message.contains('\n'));
     }
     // The message names the code it was classified by.
-    let e = tx.execute(&ins, &row(1, text("dup"), 10, SqlValue::Null)).await.unwrap_err();
+    let e = tx
+        .execute(&ins, &row(1, text("dup"), 10, SqlValue::Null))
+        .await
+        .unwrap_err();
     let code = match db.kind() {
         DbKind::Postgres => "(SQLSTATE 23505)",
         DbKind::Sqlite => "(SQLite code 1555)",
@@ -225,31 +339,63 @@ async fn error_kinds(db: &Database, t: &str) {
     assert!(e.message.ends_with(code), "{}", e.message);
     // Unknown column: Other on both.
     let bad = check(db, t, &format!("SELECT nope FROM {t}"));
-    assert_eq!(tx.query(&bad, &[], 10).await.unwrap_err().kind, DbErrorKind::Other);
+    assert_eq!(
+        tx.query(&bad, &[], 10).await.unwrap_err().kind,
+        DbErrorKind::Other
+    );
     // sqlparser accepts it, the database's parser does not.
     let e = match db.kind() {
-        DbKind::Postgres => tx.execute(&check(db, t, &format!("INSERT OR REPLACE INTO {t} VALUES (1, 'x', 1, NULL)")), &[]).await,
-        DbKind::Sqlite => tx.query(&check(db, t, &format!("SELECT id FROM {t} FOR UPDATE")), &[], 10).await.map(|_| 0),
+        DbKind::Postgres => {
+            tx.execute(
+                &check(
+                    db,
+                    t,
+                    &format!("INSERT OR REPLACE INTO {t} VALUES (1, 'x', 1, NULL)"),
+                ),
+                &[],
+            )
+            .await
+        }
+        DbKind::Sqlite => tx
+            .query(
+                &check(db, t, &format!("SELECT id FROM {t} FOR UPDATE")),
+                &[],
+                10,
+            )
+            .await
+            .map(|_| 0),
     }
     .unwrap_err();
     let expected = match db.kind() {
-        DbKind::Postgres => DbErrorKind::Syntax,   // 42601
-        DbKind::Sqlite => DbErrorKind::Other, // SQLITE_ERROR (1) does not tell syntax apart
+        DbKind::Postgres => DbErrorKind::Syntax, // 42601
+        DbKind::Sqlite => DbErrorKind::Other,    // SQLITE_ERROR (1) does not tell syntax apart
     };
     assert_eq!(e.kind, expected, "{}", e.message);
     // After all these failures the transaction goes on, and commits them not.
-    assert_eq!(tx.execute(&ins, &row(2, text("b"), 20, int(1))).await.unwrap(), 1);
+    assert_eq!(
+        tx.execute(&ins, &row(2, text("b"), 20, int(1)))
+            .await
+            .unwrap(),
+        1
+    );
     tx.commit().await.unwrap();
     let mut tx = db.begin().await.unwrap();
     assert_eq!(
         select_all(&mut tx, db, t).await.rows,
-        vec![vec![int(1), text("a"), int(10)], vec![int(2), text("b"), int(20)]]
+        vec![
+            vec![int(1), text("a"), int(10)],
+            vec![int(2), text("b"), int(20)]
+        ]
     );
     tx.rollback().await.unwrap();
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(receipt_survives_guest_errors_pg, receipt_survives_guest_errors_sqlite, receipt_survives_guest_errors);
+on_both!(
+    receipt_survives_guest_errors_pg,
+    receipt_survives_guest_errors_sqlite,
+    receipt_survives_guest_errors
+);
 /// A handler that catches a unique violation and returns ok: the receipt and
 /// its other writes commit (on PostgreSQL this needs the per-statement savepoint).
 async fn receipt_survives_guest_errors(db: &Database, t: &str) {
@@ -257,11 +403,23 @@ async fn receipt_survives_guest_errors(db: &Database, t: &str) {
     create_table(db, t).await;
     let consumer = unique("c");
     let mut tx = db.begin().await.unwrap();
-    let receipt = Receipt { consumer: &consumer, message_id: "m1", stream_sequence: 1, module_digest: "d" };
+    let receipt = Receipt {
+        consumer: &consumer,
+        message_id: "m1",
+        stream_sequence: 1,
+        module_digest: "d",
+    };
     assert!(tx.insert_receipt(&receipt).await.unwrap());
-    let ins = check(db, t, &format!("INSERT INTO {t} (id, name) VALUES ($1, $2)"));
+    let ins = check(
+        db,
+        t,
+        &format!("INSERT INTO {t} (id, name) VALUES ($1, $2)"),
+    );
     tx.execute(&ins, &[int(1), text("a")]).await.unwrap();
-    let e = tx.execute(&ins, &[int(1), text("again")]).await.unwrap_err();
+    let e = tx
+        .execute(&ins, &[int(1), text("again")])
+        .await
+        .unwrap_err();
     assert_eq!(e.kind, DbErrorKind::UniqueViolation);
     tx.execute(&ins, &[int(2), text("b")]).await.unwrap();
     tx.commit().await.unwrap();
@@ -276,19 +434,41 @@ on_both!(row_limit_pg, row_limit_sqlite, row_limit);
 async fn row_limit(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
-    let ins = check(db, t, &format!("INSERT INTO {t} (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c')"));
+    let ins = check(
+        db,
+        t,
+        &format!("INSERT INTO {t} (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c')"),
+    );
     assert_eq!(tx.execute(&ins, &[]).await.unwrap(), 3);
     let q = check(db, t, &format!("SELECT id FROM {t} ORDER BY id"));
     assert_eq!(tx.query(&q, &[], 3).await.unwrap().rows.len(), 3);
     let e = tx.query(&q, &[], 2).await.unwrap_err();
     assert_eq!(e.kind, DbErrorKind::Other);
-    assert_eq!(e.message, "query returned more than 2 rows; add a LIMIT or narrow the WHERE");
+    assert_eq!(
+        e.message,
+        "query returned more than 2 rows; add a LIMIT or narrow the WHERE"
+    );
     // A RETURNING statement past the limit is undone, not half-applied.
-    let upd = check(db, t, &format!("UPDATE {t} SET name = 'changed' RETURNING id"));
-    assert_eq!(tx.query(&upd, &[], 1).await.unwrap_err().kind, DbErrorKind::Other);
-    let q = check(db, t, &format!("SELECT count(*) FROM {t} WHERE name = 'changed'"));
+    let upd = check(
+        db,
+        t,
+        &format!("UPDATE {t} SET name = 'changed' RETURNING id"),
+    );
+    assert_eq!(
+        tx.query(&upd, &[], 1).await.unwrap_err().kind,
+        DbErrorKind::Other
+    );
+    let q = check(
+        db,
+        t,
+        &format!("SELECT count(*) FROM {t} WHERE name = 'changed'"),
+    );
     assert_eq!(tx.query(&q, &[], 1).await.unwrap().rows, vec![vec![int(0)]]);
-    let del = check(db, t, &format!("DELETE FROM {t} WHERE id = $1 RETURNING id, name"));
+    let del = check(
+        db,
+        t,
+        &format!("DELETE FROM {t} WHERE id = $1 RETURNING id, name"),
+    );
     let rows = tx.query(&del, &[int(2)], 1).await.unwrap();
     assert_eq!(rows.columns, vec!["id", "name"]);
     assert_eq!(rows.rows, vec![vec![int(2), text("b")]]);
@@ -302,10 +482,19 @@ async fn pg_permission_denied_is_denied() {
     let admin = Database::connect(PG_URL, 1).await.unwrap();
     let role = unique("idemtest_role");
     let t = unique("st");
-    raw(&admin, &format!("CREATE TABLE {t} (id BIGINT); CREATE ROLE {role} LOGIN")).await;
-    let limited = Database::connect(&format!("postgres://{role}@127.0.0.1:5432/test"), 1).await.unwrap();
+    raw(
+        &admin,
+        &format!("CREATE TABLE {t} (id BIGINT); CREATE ROLE {role} LOGIN"),
+    )
+    .await;
+    let limited = Database::connect(&format!("postgres://{role}@127.0.0.1:5432/test"), 1)
+        .await
+        .unwrap();
     let mut tx = limited.begin().await.unwrap();
-    let e = tx.query(&check(&limited, &t, &format!("SELECT id FROM {t}")), &[], 1).await.unwrap_err();
+    let e = tx
+        .query(&check(&limited, &t, &format!("SELECT id FROM {t}")), &[], 1)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind, DbErrorKind::Denied, "{}", e.message);
     assert!(e.message.ends_with("(SQLSTATE 42501)"), "{}", e.message);
     tx.rollback().await.unwrap();

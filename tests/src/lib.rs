@@ -10,7 +10,7 @@
 
 use idem::config::Config;
 use idem::metrics::{HandlerStats, StatsSnapshot};
-use idem::service::{Host, RunMode};
+use idem::service::{Host, RunMode, Summary};
 use sqlx::Row;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -66,13 +66,23 @@ impl Nats {
             .map(PathBuf::from)
             .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"));
         let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(self.store.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
-                panic!("cannot start {} ({e}); run `bash scripts/setup.sh`", bin.display())
+                panic!(
+                    "cannot start {} ({e}); run `bash scripts/setup.sh`",
+                    bin.display()
+                )
             });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -116,7 +126,8 @@ pub struct TestDb {
 }
 
 fn pg_admin() -> String {
-    std::env::var("IDEM_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("IDEM_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 impl TestDb {
@@ -178,8 +189,10 @@ impl TestDb {
     }
 
     pub async fn balance(&self, account: i64) -> Option<i64> {
-        self.scalar(&format!("SELECT balance FROM accounts WHERE account_id = {account}"))
-            .await
+        self.scalar(&format!(
+            "SELECT balance FROM accounts WHERE account_id = {account}"
+        ))
+        .await
     }
 
     pub async fn receipts(&self, consumer: &str) -> i64 {
@@ -210,7 +223,12 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         if let Some(name) = self.pg_name.take() {
             let _ = Command::new("psql")
-                .args([&pg_admin(), "-q", "-c", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")])
+                .args([
+                    &pg_admin(),
+                    "-q",
+                    "-c",
+                    &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
@@ -275,7 +293,7 @@ pub fn write_config(dir: &Path, nats: &Nats, db: &TestDb, handlers: &[HandlerSpe
 /// A host running in this process until dropped or stopped.
 pub struct RunningHost {
     stop: tokio::sync::watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<Vec<(Arc<str>, StatsSnapshot)>>>,
+    task: Option<tokio::task::JoinHandle<Summary>>,
     stats: Vec<(Arc<str>, Arc<HandlerStats>)>,
 }
 
@@ -302,19 +320,27 @@ impl RunningHost {
     }
 
     /// Waits until `cond` holds for `handler`'s stats (10 s at most).
-    pub async fn wait_for(&self, handler: &str, what: &str, cond: impl Fn(&StatsSnapshot) -> bool) -> StatsSnapshot {
+    pub async fn wait_for(
+        &self,
+        handler: &str,
+        what: &str,
+        cond: impl Fn(&StatsSnapshot) -> bool,
+    ) -> StatsSnapshot {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let s = self.stats(handler);
             if cond(&s) {
                 return s;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; stats {s}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; stats {s}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    pub async fn stop(mut self) -> Vec<(Arc<str>, StatsSnapshot)> {
+    pub async fn stop(mut self) -> Summary {
         let _ = self.stop.send(true);
         self.task.take().unwrap().await.unwrap()
     }
@@ -327,7 +353,12 @@ impl Drop for RunningHost {
 }
 
 /// Publishes one message (optionally with headers) and waits for the stream's ack.
-pub async fn publish(js: &async_nats::jetstream::Context, subject: &str, payload: &str, headers: &[(&str, &str)]) {
+pub async fn publish(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    payload: &str,
+    headers: &[(&str, &str)],
+) {
     let mut h = async_nats::HeaderMap::new();
     for (k, v) in headers {
         h.insert(*k, *v);

@@ -33,32 +33,52 @@ async fn two_hosts_one_event_in_flight_twice_postgres() {
 
     let js = nats.jetstream().await;
     let waiting = || async {
-        db.scalar(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ))
+        db.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
         .await
         .unwrap()
     };
     publish(&js, "accounts.credit", &credit("evt_8142", 73, 500), &[]).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while waiting().await < 1 {
-        assert!(Instant::now() < deadline, "first copy never blocked on the row lock");
+        assert!(
+            Instant::now() < deadline,
+            "first copy never blocked on the row lock"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     publish(&js, "accounts.credit", &credit("evt_8142", 73, 500), &[]).await;
     // Both transactions are open at once: one waits on the row, the other on the first one's receipt.
     while waiting().await < 2 {
-        assert!(Instant::now() < deadline, "second copy never overlapped the first");
+        assert!(
+            Instant::now() < deadline,
+            "second copy never overlapped the first"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     lock_tx.rollback().await.unwrap();
 
     let total = || {
-        let (a, b) = (host_a.stats("credit-projector"), host_b.stats("credit-projector"));
-        (a.processed + b.processed, a.duplicates + b.duplicates, a.delivered, b.delivered, a.retried + b.retried)
+        let (a, b) = (
+            host_a.stats("credit-projector"),
+            host_b.stats("credit-projector"),
+        );
+        (
+            a.processed + b.processed,
+            a.duplicates + b.duplicates,
+            a.delivered,
+            b.delivered,
+            a.retried + b.retried,
+        )
     };
-    while { let t = total(); t.0 + t.1 < 2 } {
-        assert!(Instant::now() < deadline + Duration::from_secs(10), "not finished: {:?}", total());
+    while {
+        let t = total();
+        t.0 + t.1 < 2
+    } {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "not finished: {:?}",
+            total()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // One effect, the other copy a duplicate, each host had one copy, no errors.

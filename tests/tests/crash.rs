@@ -33,18 +33,29 @@ async fn crash_after_commit_then_redelivery_is_duplicate(backend: Backend) {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "host did not reach the fault point");
+        assert!(
+            Instant::now() < deadline,
+            "host did not reach the fault point"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(6), "expected SIGABRT at the fault point, got {status}");
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "expected SIGABRT at the fault point, got {status}"
+    );
     // Committed, not acked.
     assert_eq!(db.balance(73).await, Some(500));
     assert_eq!(db.receipts("credit-projector").await, 1);
 
     // A fresh host gets the redelivery after ack_wait: a duplicate, nothing changes.
     let host = RunningHost::start(&cfg).await;
-    let s = host.wait_for("credit-projector", "redelivered duplicate", |s| s.duplicates == 1).await;
+    let s = host
+        .wait_for("credit-projector", "redelivered duplicate", |s| {
+            s.duplicates == 1
+        })
+        .await;
     assert_eq!((s.delivered, s.processed, s.duplicates), (1, 0, 1));
     assert_eq!(db.balance(73).await, Some(500));
     assert_eq!(db.receipts("credit-projector").await, 1);

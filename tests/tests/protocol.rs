@@ -27,16 +27,26 @@ fn behave(op: &str, event_id: &str, account: i64, amount: i64) -> String {
 
 async fn same_event_twice_applies_once(backend: Backend) {
     let e = env(backend).await;
-    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("credit-projector", "credit")]);
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("credit-projector", "credit")],
+    );
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
     // Two separate messages, same event_id, no broker dedup header.
     publish(&js, SUBJECT, &credit("evt_8142", 73, 500), &[]).await;
     publish(&js, SUBJECT, &credit("evt_8142", 73, 500), &[]).await;
     let s = host
-        .wait_for("credit-projector", "2 deliveries", |s| s.processed + s.duplicates == 2)
+        .wait_for("credit-projector", "2 deliveries", |s| {
+            s.processed + s.duplicates == 2
+        })
         .await;
-    assert_eq!((s.processed, s.duplicates, s.retried, s.dead_lettered), (1, 1, 0, 0));
+    assert_eq!(
+        (s.processed, s.duplicates, s.retried, s.dead_lettered),
+        (1, 1, 0, 0)
+    );
     assert_eq!(e.db.balance(73).await, Some(500));
     assert_eq!(e.db.receipts("credit-projector").await, 1);
     host.stop().await;
@@ -49,13 +59,18 @@ async fn two_consumers_both_apply(backend: Backend) {
         e.dir.path(),
         &e.nats,
         &e.db,
-        &[HandlerSpec::new("credit-a", "credit"), HandlerSpec::new("credit-b", "credit")],
+        &[
+            HandlerSpec::new("credit-a", "credit"),
+            HandlerSpec::new("credit-b", "credit"),
+        ],
     );
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
     publish(&js, SUBJECT, &credit("evt_1", 7, 300), &[]).await;
-    host.wait_for("credit-a", "a processed", |s| s.processed == 1).await;
-    host.wait_for("credit-b", "b processed", |s| s.processed == 1).await;
+    host.wait_for("credit-a", "a processed", |s| s.processed == 1)
+        .await;
+    host.wait_for("credit-b", "b processed", |s| s.processed == 1)
+        .await;
     assert_eq!(e.db.balance(7).await, Some(600));
     assert_eq!(e.db.receipts("credit-a").await, 1);
     assert_eq!(e.db.receipts("credit-b").await, 1);
@@ -65,12 +80,19 @@ on_both_databases!(two_consumers_both_apply, two_consumers_both_apply);
 
 async fn equal_values_are_two_events(backend: Backend) {
     let e = env(backend).await;
-    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("credit-projector", "credit")]);
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("credit-projector", "credit")],
+    );
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
     publish(&js, SUBJECT, &credit("evt_a", 5, 250), &[]).await;
     publish(&js, SUBJECT, &credit("evt_b", 5, 250), &[]).await;
-    let s = host.wait_for("credit-projector", "2 processed", |s| s.processed == 2).await;
+    let s = host
+        .wait_for("credit-projector", "2 processed", |s| s.processed == 2)
+        .await;
     assert_eq!(s.duplicates, 0);
     assert_eq!(e.db.balance(5).await, Some(500));
     assert_eq!(e.db.receipts("credit-projector").await, 2);
@@ -85,18 +107,33 @@ async fn retry_leaves_nothing_then_succeeds_once(backend: Backend) {
     let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[h]);
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
-    publish(&js, SUBJECT, &behave("retry-once-then-credit", "evt_r", 9, 40), &[]).await;
+    publish(
+        &js,
+        SUBJECT,
+        &behave("retry-once-then-credit", "evt_r", 9, 40),
+        &[],
+    )
+    .await;
     // After the first delivery's retry: rolled back, no receipt, no effect.
-    host.wait_for("behave", "first retry", |s| s.retried == 1).await;
+    host.wait_for("behave", "first retry", |s| s.retried == 1)
+        .await;
     assert_eq!(e.db.receipts("behave").await, 0);
     assert_eq!(e.db.balance(9).await, None);
-    let s = host.wait_for("behave", "processed", |s| s.processed == 1).await;
-    assert_eq!((s.delivered, s.retried, s.duplicates, s.dead_lettered), (2, 1, 0, 0));
+    let s = host
+        .wait_for("behave", "processed", |s| s.processed == 1)
+        .await;
+    assert_eq!(
+        (s.delivered, s.retried, s.duplicates, s.dead_lettered),
+        (2, 1, 0, 0)
+    );
     assert_eq!(e.db.balance(9).await, Some(40));
     assert_eq!(e.db.receipts("behave").await, 1);
     host.stop().await;
 }
-on_both_databases!(retry_leaves_nothing_then_succeeds_once, retry_leaves_nothing_then_succeeds_once);
+on_both_databases!(
+    retry_leaves_nothing_then_succeeds_once,
+    retry_leaves_nothing_then_succeeds_once
+);
 
 async fn trap_rolls_back_and_host_keeps_serving(backend: Backend) {
     let e = env(backend).await;
@@ -120,19 +157,39 @@ async fn trap_rolls_back_and_host_keeps_serving(backend: Backend) {
     assert_eq!(dl.len(), 1);
     assert_eq!(dl[0].0.as_deref(), Some("evt_trap"));
     assert!(dl[0].1.starts_with("trap: "), "reason: {}", dl[0].1);
-    assert!(dl[0].1.contains("delivery 2 of max_deliver 2"), "reason: {}", dl[0].1);
+    assert!(
+        dl[0].1.contains("delivery 2 of max_deliver 2"),
+        "reason: {}",
+        dl[0].1
+    );
     host.stop().await;
 }
-on_both_databases!(trap_rolls_back_and_host_keeps_serving, trap_rolls_back_and_host_keeps_serving);
+on_both_databases!(
+    trap_rolls_back_and_host_keeps_serving,
+    trap_rolls_back_and_host_keeps_serving
+);
 
 async fn reject_and_missing_identity_are_dead_lettered(backend: Backend) {
     let e = env(backend).await;
-    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("behave", "behave")]);
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("behave", "behave")],
+    );
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
     publish(&js, SUBJECT, &behave("reject", "evt_bad", 3, 30), &[]).await;
-    publish(&js, SUBJECT, &json!({"op": "credit", "account_id": 3, "amount": 30}).to_string(), &[]).await;
-    let s = host.wait_for("behave", "2 dead letters", |s| s.dead_lettered == 2).await;
+    publish(
+        &js,
+        SUBJECT,
+        &json!({"op": "credit", "account_id": 3, "amount": 30}).to_string(),
+        &[],
+    )
+    .await;
+    let s = host
+        .wait_for("behave", "2 dead letters", |s| s.dead_lettered == 2)
+        .await;
     assert_eq!((s.processed, s.retried, s.delivered), (0, 0, 2));
     assert_eq!(e.db.balance(3).await, None);
     assert_eq!(e.db.receipts("behave").await, 0);
@@ -147,11 +204,19 @@ async fn reject_and_missing_identity_are_dead_lettered(backend: Backend) {
     assert_eq!(host.stats("behave").delivered, 2);
     host.stop().await;
 }
-on_both_databases!(reject_and_missing_identity_are_dead_lettered, reject_and_missing_identity_are_dead_lettered);
+on_both_databases!(
+    reject_and_missing_identity_are_dead_lettered,
+    reject_and_missing_identity_are_dead_lettered
+);
 
 async fn denied_statements_roll_back(backend: Backend) {
     let e = env(backend).await;
-    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[HandlerSpec::new("behave", "behave")]);
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("behave", "behave")],
+    );
     let host = RunningHost::start(&cfg).await;
     let js = e.nats.jetstream().await;
     let statements = [
@@ -163,7 +228,9 @@ async fn denied_statements_roll_back(backend: Backend) {
         let p = json!({"op": "sql", "event_id": format!("evt_sql_{i}"), "sql": sql}).to_string();
         publish(&js, SUBJECT, &p, &[]).await;
     }
-    let s = host.wait_for("behave", "3 dead letters", |s| s.dead_lettered == 3).await;
+    let s = host
+        .wait_for("behave", "3 dead letters", |s| s.dead_lettered == 3)
+        .await;
     assert_eq!(s.processed, 0);
     assert_eq!(e.db.receipts("behave").await, 0);
     let dl = e.db.dead_letters("behave").await;

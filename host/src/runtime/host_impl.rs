@@ -31,6 +31,9 @@ pub(crate) struct HostState {
     log_bytes: usize,
     log_dropped_bytes: usize,
     log_dropped_lines: usize,
+    /// The last error-level line the guest logged (a Rust guest's panic
+    /// message, say), to explain a trap that follows it.
+    pub(crate) last_error_line: Option<String>,
     pub(crate) stop: Option<Stop>,
 }
 
@@ -54,6 +57,7 @@ impl HostState {
             log_bytes: 0,
             log_dropped_bytes: 0,
             log_dropped_lines: 0,
+            last_error_line: None,
             stop: None,
         }
     }
@@ -159,21 +163,21 @@ impl handler::transaction::Host for HostState {
 
 impl handler::log::Host for HostState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        if level == Level::Error {
+            let cut = floor_char_boundary(&message, MAX_REMEMBERED_ERROR_BYTES);
+            let kept = message.get(..cut).unwrap_or_default();
+            self.last_error_line = Some(one_line(kept).into_owned());
+        }
         let budget = self.limits.max_log_bytes.saturating_sub(self.log_bytes);
-        let (line, dropped) = if message.len() <= budget {
-            (message.as_str(), 0)
-        } else {
-            let cut = floor_char_boundary(&message, budget);
-            (&message[..cut], message.len() - cut)
-        };
-        if dropped > 0 {
+        let (line, dropped, charged) = fit(&message, budget);
+        self.log_bytes += charged;
+        if dropped > 0 || charged == 0 {
             self.log_dropped_bytes += dropped;
             self.log_dropped_lines += 1;
+            if line.is_empty() {
+                return Ok(());
+            }
         }
-        if line.is_empty() && dropped > 0 {
-            return Ok(());
-        }
-        self.log_bytes += line.len();
         let line = one_line(line);
         let (handler, identity) = (&*self.handler, self.identity.as_str());
         match level {
@@ -222,8 +226,23 @@ impl wasmtime::ResourceLimiter for HostState {
     }
 }
 
+/// How much of the last error line is kept to explain a trap.
+const MAX_REMEMBERED_ERROR_BYTES: usize = 512;
+
 /// The most elements a guest table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// How much of a log line fits what is left of the budget: the kept prefix,
+/// the bytes dropped, and the bytes charged. Each line costs its bytes plus
+/// one (its newline), so a flood of empty lines is capped too.
+fn fit(message: &str, budget: usize) -> (&str, usize, usize) {
+    if budget == 0 {
+        return ("", message.len(), 0);
+    }
+    let cut = floor_char_boundary(message, budget - 1);
+    let kept = message.get(..cut).unwrap_or_default();
+    (kept, message.len() - kept.len(), kept.len() + 1)
+}
 
 /// The largest index `<= at` that is on a char boundary of `s`.
 pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
@@ -263,6 +282,16 @@ mod tests {
         assert_eq!(floor_char_boundary(s, 3), 3);
         assert_eq!(floor_char_boundary(s, 100), s.len());
         assert_eq!(floor_char_boundary(s, 0), 0);
+    }
+
+    #[test]
+    fn log_lines_fit_the_budget() {
+        assert_eq!(fit("hello", 100), ("hello", 0, 6));
+        assert_eq!(fit("hello", 6), ("hello", 0, 6));
+        assert_eq!(fit("hello", 4), ("hel", 2, 4));
+        assert_eq!(fit("", 3), ("", 0, 1));
+        assert_eq!(fit("hello", 0), ("", 5, 0));
+        assert_eq!(fit("é", 2), ("", 2, 1));
     }
 
     #[test]

@@ -193,8 +193,17 @@ impl Runtime {
         tx: Tx,
         msg: GuestMessage,
     ) -> (Result<(), HandlerFailure>, Tx) {
+        if !Engine::same(module.pre.engine(), &self.engine) {
+            let failure =
+                "the module was loaded by another Runtime; load it with the one that runs it";
+            return (Err(HandlerFailure::Trap(failure.into())), tx);
+        }
         let limits = call.limits.clone();
-        let deadline = Instant::now() + limits.deadline;
+        let now = Instant::now();
+        // A deadline too far to represent is no deadline: a day will do.
+        let deadline = now
+            .checked_add(limits.deadline)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
         let state = HostState::new(
             tx,
             call.handler.clone(),
@@ -226,7 +235,7 @@ impl Runtime {
         };
         // The epoch callback and the statement timeouts enforce the deadline;
         // this outer bound only guards against a call that never yields.
-        let outer = limits.deadline + Duration::from_secs(1);
+        let outer = deadline.saturating_duration_since(now) + Duration::from_secs(1);
         let run = tokio::time::timeout(outer, call_guest(module, &mut store, &msg)).await;
         let result = match run {
             Ok(Ok(Ok(()))) => Ok(()),
@@ -244,9 +253,14 @@ impl Runtime {
                     load::one_line(&e)
                 )))
             }
-            Ok(Err(GuestError::Instantiate(e) | GuestError::Call(e))) => Err(HandlerFailure::Trap(
-                describe_trap(&e, store.data().stop, &limits),
-            )),
+            Ok(Err(GuestError::Instantiate(e) | GuestError::Call(e))) => {
+                let data = store.data();
+                let mut reason = describe_trap(&e, data.stop, &limits);
+                if let (None, Some(line)) = (data.stop, &data.last_error_line) {
+                    reason.push_str(&format!("; the guest last logged: {line}"));
+                }
+                Err(HandlerFailure::Trap(reason))
+            }
             Err(_) => Err(HandlerFailure::Trap(describe_trap(
                 &wasmtime::format_err!("did not return"),
                 Some(Stop::Deadline),

@@ -157,9 +157,13 @@ impl Database {
     /// <cause>; check [database] url`.
     pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Self> {
         let result = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            postgres::connect(url, max_connections).await.map(Database::Postgres)
+            postgres::connect(url, max_connections)
+                .await
+                .map(Database::Postgres)
         } else if url.starts_with("sqlite:") {
-            sqlite::connect(url, max_connections).await.map(Database::Sqlite)
+            sqlite::connect(url, max_connections)
+                .await
+                .map(Database::Sqlite)
         } else {
             anyhow::bail!(
                 "cannot connect to database {}: unsupported scheme (use postgres://… or sqlite://…); check [database] url",
@@ -191,7 +195,12 @@ impl Database {
             Database::Postgres(pool) => postgres::prepare_host_tables(pool).await,
             Database::Sqlite(pool) => sqlite::prepare_host_tables(pool).await,
         }
-        .map_err(|e| anyhow::anyhow!("cannot create idem's host tables: {}", one_line(&e.to_string())))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create idem's host tables: {}",
+                one_line(&e.to_string())
+            )
+        })
     }
 
     /// Applies `handler`'s SQL migrations from `dir` (sqlx's migrator layout:
@@ -199,7 +208,12 @@ impl Database {
     /// [`migrations_table`]: handlers never see each other's versions.
     /// Idempotent; a changed, already applied migration is an error.
     pub async fn migrate_handler(&self, handler: &str, dir: &Path) -> anyhow::Result<()> {
-        let context = || format!("migrations of handler `{handler}` in {} failed", dir.display());
+        let context = || {
+            format!(
+                "migrations of handler `{handler}` in {} failed",
+                dir.display()
+            )
+        };
         let mut migrator = sqlx::migrate::Migrator::new(dir)
             .await
             .map_err(|e| anyhow::anyhow!(one_line(&e.to_string())))
@@ -227,7 +241,8 @@ impl Database {
     /// returns. A second call for the same `(consumer, stream, stream_sequence)`
     /// writes nothing and succeeds.
     pub async fn dead_letter(&self, dl: &DeadLetter<'_>) -> Result<(), StoreError> {
-        let headers = serde_json::to_string(dl.headers).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let headers =
+            serde_json::to_string(dl.headers).map_err(|e| sqlx::Error::Encode(e.into()))?;
         let seq = to_i64(dl.stream_sequence)?;
         match self {
             Database::Postgres(pool) => postgres::dead_letter(pool, dl, seq, &headers).await,
@@ -295,7 +310,12 @@ impl Tx {
     /// `bytea`, `bool`; other types are an error asking for a cast), SQLite by
     /// each value's storage class. `columns` is empty when no row is returned.
     /// More than `max_rows` rows: error `Other`, and the statement is undone.
-    pub async fn query(&mut self, sql: &CheckedSql, params: &[SqlValue], max_rows: usize) -> Result<Rows, DbError> {
+    pub async fn query(
+        &mut self,
+        sql: &CheckedSql,
+        params: &[SqlValue],
+        max_rows: usize,
+    ) -> Result<Rows, DbError> {
         check_arity(sql, params)?;
         match self {
             Tx::Postgres(tx) => postgres::query(tx, sql, params, max_rows).await,
@@ -347,7 +367,9 @@ fn check_arity(sql: &CheckedSql, params: &[SqlValue]) -> Result<(), DbError> {
 fn too_many_rows(max_rows: usize) -> DbError {
     DbError {
         kind: DbErrorKind::Other,
-        message: format!("query returned more than {max_rows} rows; add a LIMIT or narrow the WHERE"),
+        message: format!(
+            "query returned more than {max_rows} rows; add a LIMIT or narrow the WHERE"
+        ),
     }
 }
 
@@ -356,12 +378,16 @@ fn too_many_rows(max_rows: usize) -> DbError {
 fn savepoint_failed(e: &sqlx::Error) -> DbError {
     DbError {
         kind: DbErrorKind::Other,
-        message: one_line(&format!("the host could not isolate the statement in a savepoint: {e}")),
+        message: one_line(&format!(
+            "the host could not isolate the statement in a savepoint: {e}"
+        )),
     }
 }
 
 fn to_i64(n: u64) -> Result<i64, sqlx::Error> {
-    i64::try_from(n).map_err(|_| sqlx::Error::Encode(format!("stream sequence {n} does not fit a BIGINT").into()))
+    i64::try_from(n).map_err(|_| {
+        sqlx::Error::Encode(format!("stream sequence {n} does not fit a BIGINT").into())
+    })
 }
 
 fn decode_headers(json: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
@@ -370,7 +396,11 @@ fn decode_headers(json: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
 
 /// `s` on one line: lines trimmed and joined with a space.
 fn one_line(s: &str) -> String {
-    s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `url` with any password replaced by `***` (userinfo and `password=` query parameter).
@@ -409,16 +439,28 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
-        assert_eq!(redact_url("postgres://u@h/db?password=x&sslmode=disable"), "postgres://u@h/db?password=***&sslmode=disable");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=x&sslmode=disable"),
+            "postgres://u@h/db?password=***&sslmode=disable"
+        );
         assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
     }
 
     #[test]
     fn migrations_table_names() {
-        assert_eq!(migrations_table("credit_projector"), "idem_migrations_credit_projector");
+        assert_eq!(
+            migrations_table("credit_projector"),
+            "idem_migrations_credit_projector"
+        );
         let a = migrations_table("credit-projector");
-        assert!(a.starts_with("idem_migrations_credit_projector_") && a.len() == 16 + 16 + 1 + 8, "{a}");
+        assert!(
+            a.starts_with("idem_migrations_credit_projector_") && a.len() == 16 + 16 + 1 + 8,
+            "{a}"
+        );
         assert_ne!(a, migrations_table("credit_projector"));
     }
 }

@@ -2,7 +2,7 @@
 //! mapping of SQLSTATEs and column types to idem's values.
 
 use super::{
-    DeadLetter, DeadLetterRow, Receipt, RELEASE, SAVEPOINT, UNDO, decode_headers, one_line,
+    DeadLetter, DeadLetterRow, RELEASE, Receipt, SAVEPOINT, UNDO, decode_headers, one_line,
     savepoint_failed, too_many_rows,
 };
 use crate::sql_guard::CheckedSql;
@@ -53,6 +53,10 @@ pub(super) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, s
     let options = url
         .parse::<PgConnectOptions>()?
         .options([("standard_conforming_strings", "on")]);
+    // One direct attempt first: the pool retries a refused connection until
+    // its acquire timeout and then reports only "pool timed out".
+    let probe = <PgConnection as sqlx::Connection>::connect_with(&options).await?;
+    let _ = sqlx::Connection::close(probe).await;
     PgPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
@@ -90,7 +94,12 @@ pub(super) async fn insert_receipt(
     Ok(done.rows_affected() == 1)
 }
 
-pub(super) async fn dead_letter(pool: &PgPool, dl: &DeadLetter<'_>, seq: i64, headers: &str) -> Result<(), sqlx::Error> {
+pub(super) async fn dead_letter(
+    pool: &PgPool,
+    dl: &DeadLetter<'_>,
+    seq: i64,
+    headers: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO idem_dead_letters
            (consumer, message_id, stream, stream_sequence, subject, reason, headers, payload)
@@ -117,7 +126,10 @@ pub(super) async fn receipt_count(pool: &PgPool, consumer: &str) -> Result<i64, 
         .await
 }
 
-pub(super) async fn dead_letters(pool: &PgPool, consumer: &str) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+pub(super) async fn dead_letters(
+    pool: &PgPool,
+    consumer: &str,
+) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload,
                 (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms
@@ -133,7 +145,8 @@ pub(super) async fn dead_letters(pool: &PgPool, consumer: &str) -> Result<Vec<De
                 consumer: row.try_get("consumer")?,
                 message_id: row.try_get("message_id")?,
                 stream: row.try_get("stream")?,
-                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
+                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?)
+                    .unwrap_or(0),
                 subject: row.try_get("subject")?,
                 reason: row.try_get("reason")?,
                 headers: decode_headers(row.try_get("headers")?)?,
@@ -163,7 +176,10 @@ impl sqlx::Encode<'_, Postgres> for UntypedNull {
 
 /// Binds guest values in order: integer → `int8`, float → `float8`, text →
 /// `text`, bytes → `bytea`, boolean → `bool`, null → untyped.
-fn bind<'q>(mut q: Query<'q, Postgres, PgArguments>, params: &[SqlValue]) -> Query<'q, Postgres, PgArguments> {
+fn bind<'q>(
+    mut q: Query<'q, Postgres, PgArguments>,
+    params: &[SqlValue],
+) -> Query<'q, Postgres, PgArguments> {
     for p in params {
         q = match p {
             SqlValue::Null => q.bind(UntypedNull),
@@ -183,7 +199,10 @@ pub(super) async fn execute(
     params: &[SqlValue],
 ) -> Result<u64, DbError> {
     let conn: &mut PgConnection = tx;
-    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    sqlx::raw_sql(SAVEPOINT)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| savepoint_failed(&e))?;
     let result = bind(sqlx::query(sql.to_sqlx_typed(params)), params)
         .execute(&mut *conn)
         .await
@@ -200,7 +219,10 @@ pub(super) async fn query(
     max_rows: usize,
 ) -> Result<Rows, DbError> {
     let conn: &mut PgConnection = tx;
-    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    sqlx::raw_sql(SAVEPOINT)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| savepoint_failed(&e))?;
     let result = async {
         let mut stream = bind(sqlx::query(sql.to_sqlx_typed(params)), params).fetch(&mut *conn);
         let mut out = Rows::default();
@@ -223,7 +245,11 @@ pub(super) async fn query(
 /// Releases the statement's savepoint, or rolls back to it after an error.
 async fn finish(conn: &mut PgConnection, ok: bool) -> Result<(), DbError> {
     let sql = if ok { RELEASE } else { UNDO };
-    sqlx::raw_sql(sql).execute(conn).await.map(|_| ()).map_err(|e| savepoint_failed(&e))
+    sqlx::raw_sql(sql)
+        .execute(conn)
+        .await
+        .map(|_| ())
+        .map_err(|e| savepoint_failed(&e))
 }
 
 fn decode_row(row: &PgRow) -> Result<Vec<SqlValue>, DbError> {
@@ -290,7 +316,10 @@ fn decode_value(column: &str, ty: &PgTypeInfo, raw: PgValueRef<'_>) -> Result<Sq
     };
     decoded.map_err(|e| DbError {
         kind: DbErrorKind::Other,
-        message: one_line(&format!("cannot decode column `{column}` ({}): {e}", ty.name())),
+        message: one_line(&format!(
+            "cannot decode column `{column}` ({}): {e}",
+            ty.name()
+        )),
     })
 }
 
@@ -307,8 +336,14 @@ fn map_error(e: sqlx::Error) -> DbError {
                 "42601" => DbErrorKind::Syntax,
                 _ => DbErrorKind::Other,
             };
-            DbError { kind, message: one_line(&format!("{} (SQLSTATE {code})", db.message())) }
+            DbError {
+                kind,
+                message: one_line(&format!("{} (SQLSTATE {code})", db.message())),
+            }
         }
-        _ => DbError { kind: DbErrorKind::Other, message: one_line(&e.to_string()) },
+        _ => DbError {
+            kind: DbErrorKind::Other,
+            message: one_line(&e.to_string()),
+        },
     }
 }

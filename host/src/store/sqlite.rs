@@ -2,7 +2,7 @@
 //! mapping of extended result codes and storage classes to idem's values.
 
 use super::{
-    DeadLetter, DeadLetterRow, Receipt, RELEASE, SAVEPOINT, UNDO, decode_headers, one_line,
+    DeadLetter, DeadLetterRow, RELEASE, Receipt, SAVEPOINT, UNDO, decode_headers, one_line,
     savepoint_failed, too_many_rows,
 };
 use crate::sql_guard::CheckedSql;
@@ -68,7 +68,10 @@ pub(super) async fn connect(url: &str, max_connections: u32) -> Result<SqlitePoo
     let pool = SqlitePoolOptions::new().acquire_timeout(Duration::from_secs(10));
     // An in-memory database lives and dies with its one connection.
     let pool = if url.contains(":memory:") || url.contains("mode=memory") {
-        pool.max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None)
+        pool.max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
     } else {
         pool.max_connections(max_connections.max(1))
     };
@@ -134,7 +137,10 @@ pub(super) async fn receipt_count(pool: &SqlitePool, consumer: &str) -> Result<i
         .await
 }
 
-pub(super) async fn dead_letters(pool: &SqlitePool, consumer: &str) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+pub(super) async fn dead_letters(
+    pool: &SqlitePool,
+    consumer: &str,
+) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload,
                 failed_at AS failed_at_ms
@@ -150,7 +156,8 @@ pub(super) async fn dead_letters(pool: &SqlitePool, consumer: &str) -> Result<Ve
                 consumer: row.try_get("consumer")?,
                 message_id: row.try_get("message_id")?,
                 stream: row.try_get("stream")?,
-                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
+                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?)
+                    .unwrap_or(0),
                 subject: row.try_get("subject")?,
                 reason: row.try_get("reason")?,
                 headers: decode_headers(row.try_get("headers")?)?,
@@ -164,7 +171,10 @@ pub(super) async fn dead_letters(pool: &SqlitePool, consumer: &str) -> Result<Ve
 /// Binds guest values in order; `$N` in the text is matched to value N by
 /// sqlx-sqlite (it reads the number from the parameter's name). Booleans are
 /// stored as integers 0/1, as SQLite has no boolean storage class.
-fn bind<'q>(mut q: Query<'q, Sqlite, SqliteArguments>, params: &[SqlValue]) -> Query<'q, Sqlite, SqliteArguments> {
+fn bind<'q>(
+    mut q: Query<'q, Sqlite, SqliteArguments>,
+    params: &[SqlValue],
+) -> Query<'q, Sqlite, SqliteArguments> {
     for p in params {
         q = match p {
             SqlValue::Null => q.bind(None::<i64>),
@@ -184,7 +194,10 @@ pub(super) async fn execute(
     params: &[SqlValue],
 ) -> Result<u64, DbError> {
     let conn: &mut SqliteConnection = tx;
-    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    sqlx::raw_sql(SAVEPOINT)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| savepoint_failed(&e))?;
     let result = bind(sqlx::query(sql.to_sqlx()), params)
         .execute(&mut *conn)
         .await
@@ -201,7 +214,10 @@ pub(super) async fn query(
     max_rows: usize,
 ) -> Result<Rows, DbError> {
     let conn: &mut SqliteConnection = tx;
-    sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await.map_err(|e| savepoint_failed(&e))?;
+    sqlx::raw_sql(SAVEPOINT)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| savepoint_failed(&e))?;
     let result = async {
         let mut stream = bind(sqlx::query(sql.to_sqlx()), params).fetch(&mut *conn);
         let mut out = Rows::default();
@@ -224,7 +240,11 @@ pub(super) async fn query(
 /// Releases the statement's savepoint, or rolls back to it after an error.
 async fn finish(conn: &mut SqliteConnection, ok: bool) -> Result<(), DbError> {
     let sql = if ok { RELEASE } else { UNDO };
-    sqlx::raw_sql(sql).execute(conn).await.map(|_| ()).map_err(|e| savepoint_failed(&e))
+    sqlx::raw_sql(sql)
+        .execute(conn)
+        .await
+        .map(|_| ())
+        .map_err(|e| savepoint_failed(&e))
 }
 
 fn decode_row(row: &SqliteRow) -> Result<Vec<SqlValue>, DbError> {
@@ -271,8 +291,14 @@ fn map_error(e: sqlx::Error) -> DbError {
                 c if c & 0xff == 23 => DbErrorKind::Denied,
                 _ => DbErrorKind::Other,
             };
-            DbError { kind, message: one_line(&format!("{} (SQLite code {code})", db.message())) }
+            DbError {
+                kind,
+                message: one_line(&format!("{} (SQLite code {code})", db.message())),
+            }
         }
-        _ => DbError { kind: DbErrorKind::Other, message: one_line(&e.to_string()) },
+        _ => DbError {
+            kind: DbErrorKind::Other,
+            message: one_line(&e.to_string()),
+        },
     }
 }

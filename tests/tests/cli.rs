@@ -1,0 +1,144 @@
+//! The `idem` command line: startup errors are one line and a non-zero exit;
+//! `idem publish` sends one message per line.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem_tests::*;
+use std::process::Command;
+
+fn idem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `idem run` on a config whose handler module is `module` and returns
+/// (exit code, stderr).
+fn run_with(toml: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let (code, _, err) = idem(&["run", "--config", cfg.to_str().unwrap()]);
+    (code, err)
+}
+
+fn config_with_module(module: &str) -> String {
+    format!(
+        "[broker]\nurl = \"nats://127.0.0.1:1\"\n[[handler]]\nname = \"h\"\nmodule = \"{module}\"\nstream = \"S\"\nsubjects = [\"s\"]\ntables = [\"accounts\"]\n"
+    )
+}
+
+fn assert_one_line(code: i32, err: &str, needle: &str) {
+    assert_eq!(code, 1, "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "not one line: {err:?}");
+    assert!(err.starts_with("idem: "), "stderr: {err}");
+    assert!(err.contains(needle), "expected `{needle}` in: {err}");
+}
+
+#[test]
+fn bad_config_is_one_line() {
+    let (code, err) = run_with("[broker]\nurl = 3\n");
+    assert_one_line(code, &err, "invalid config");
+    let (code, err) = run_with(&config_with_module("x.wasm").replace("tables", "tabels"));
+    assert_one_line(code, &err, "unknown field `tabels`");
+    let (code, _, err) = idem(&["run", "--config", "/nonexistent/idem.toml"]);
+    assert_one_line(code, &err, "cannot read config /nonexistent/idem.toml");
+}
+
+#[test]
+fn missing_or_mismatched_module_is_one_line() {
+    let (code, err) = run_with(&config_with_module("/nonexistent/handler.wasm"));
+    assert_one_line(code, &err, "handler `h`");
+    assert!(err.contains("/nonexistent/handler.wasm"), "{err}");
+
+    let wrong = guest("wrong-world");
+    let (code, err) = run_with(&config_with_module(wrong.to_str().unwrap()));
+    assert_one_line(code, &err, "handler `h`");
+
+    let wasi = guest("credit-wasip2");
+    let (code, err) = run_with(&config_with_module(wasi.to_str().unwrap()));
+    assert_one_line(code, &err, "wasi");
+}
+
+#[test]
+fn unreachable_broker_is_one_line() {
+    let credit = guest("credit");
+    let dir = tempfile::tempdir().unwrap();
+    let toml = config_with_module(credit.to_str().unwrap()).replace(
+        "[[handler]]",
+        &format!(
+            "[database]\nurl = \"sqlite://{}/idem.db\"\n[[handler]]",
+            dir.path().display()
+        ),
+    );
+    let (code, err) = run_with(&toml);
+    assert_one_line(code, &err, "nats://127.0.0.1:1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_sends_one_message_per_line() {
+    let nats = Nats::start();
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "ACCOUNTS".into(),
+        subjects: vec!["accounts.credit".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n\n{}\n{}\n",
+            credit("e1", 1, 5),
+            credit("e2", 1, 5),
+            credit("e1", 1, 5)
+        ),
+    )
+    .unwrap();
+    let url = nats.url();
+    let f = file.to_str().unwrap();
+    let (code, out, err) = idem(&[
+        "publish",
+        "--broker",
+        &url,
+        "--subject",
+        "accounts.credit",
+        f,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "published 3 messages to accounts.credit");
+    // With --msg-id, JetStream's own duplicate window drops the repeated e1.
+    let (code, out, err) = idem(&[
+        "publish",
+        "--broker",
+        &url,
+        "--subject",
+        "accounts.credit",
+        "--msg-id",
+        "json:/event_id",
+        f,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "published 3 messages to accounts.credit");
+    let mut stream = js.get_stream("ACCOUNTS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 5);
+
+    let (code, _, err) = idem(&[
+        "publish",
+        "--broker",
+        &url,
+        "--subject",
+        "nobody.listens",
+        f,
+    ]);
+    assert_one_line(code, &err, "is there a stream capturing it");
+}
