@@ -3,9 +3,12 @@
 # each core module into a component under target/guests/<name>.wasm.
 #
 # Guests build for wasm32-unknown-unknown, so they import nothing but the
-# idem:handler interfaces (no WASI). Also writes target/guests/credit-wasip2.wasm:
-# the credit example built for wasm32-wasip2, which imports WASI and which the
-# host must refuse (a test checks the message).
+# idem:handler interfaces (no WASI). Also builds, for wasm32-wasip2 (whose
+# output is already a component that imports WASI):
+#   target/guests/credit-wasip2.wasm  the credit example; the host refuses it
+#                                     unless its handler sets `wasi = true`;
+#   target/guests/wasi-probe.wasm     a test guest that reports what its WASI
+#                                     context lets it see.
 #
 # Needs: rustup targets wasm32-unknown-unknown and wasm32-wasip2, and wasm-tools
 # ($WASM_TOOLS, else .tools/venv/bin/wasm-tools, else on PATH).
@@ -54,7 +57,15 @@ for g in "${guests[@]}"; do
     echo "build-guests: $out/$g.wasm"
 done
 
-# A guest built the common wrong way: wasm32-wasip2 makes a component that imports WASI.
-cargo build --profile guest --target wasm32-wasip2 -p credit
-cp -f "$target_dir/wasm32-wasip2/guest/credit.wasm" "$out/credit-wasip2.wasm"
-echo "build-guests: $out/credit-wasip2.wasm"
+# wasm32-wasip2 makes a component that imports WASI: the common wrong way for
+# the credit example, and the only way for the WASI probe.
+cargo build --profile guest --target wasm32-wasip2 -p credit -p wasi-probe
+for pair in credit:credit-wasip2 wasi_probe:wasi-probe; do
+    src="$target_dir/wasm32-wasip2/guest/${pair%%:*}.wasm"
+    dst="$out/${pair##*:}.wasm"
+    [[ -f "$src" ]] || { echo "build-guests: expected $src after the build" >&2; exit 1; }
+    "$wasm_tools" validate "$src"
+    cp -f "$src" "$dst.tmp"
+    mv -f "$dst.tmp" "$dst"
+    echo "build-guests: $dst"
+done

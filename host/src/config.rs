@@ -124,6 +124,11 @@ pub struct HandlerConfig {
     /// at the handler's processing rate. Default 16.
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
+    /// Link an empty WASI context (no preopens, no network, no environment,
+    /// stdout/stderr to the host log) for a guest whose toolchain cannot avoid
+    /// WASI imports. Default false: a guest importing WASI is refused at load.
+    #[serde(default)]
+    pub wasi: bool,
     /// Linear memory cap per instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub max_memory_mib: u32,

@@ -6,7 +6,7 @@ use crate::broker::{self, Deliveries};
 use crate::config::Config;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
-use crate::runtime::Runtime;
+use crate::runtime::{LoadOptions, Runtime};
 use crate::store::Database;
 use anyhow::Context as _;
 use std::sync::Arc;
@@ -46,7 +46,7 @@ impl Host {
         let mut modules = Vec::new();
         for h in &config.handlers {
             let module = runtime
-                .load(&h.module)
+                .load(&h.module, LoadOptions { wasi: h.wasi })
                 .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", h.name))?;
             modules.push(module);
         }

@@ -4,7 +4,9 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, Runtime};
+use idem::runtime::{
+    GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
+};
 use idem::sql_guard::SqlGuard;
 use idem::store::{DbKind, Tx};
 use serde_json::json;
@@ -25,7 +27,9 @@ static BEHAVE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
         "{} is missing: run scripts/build-guests.sh first",
         p.display()
     );
-    RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"))
+    RUNTIME
+        .load(&p, LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"))
 });
 
 struct Db {
@@ -358,7 +362,9 @@ async fn a_full_pool_asks_for_a_retry() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let module = small.load(&target.join("guests/behave.wasm")).unwrap();
+    let module = small
+        .load(&target.join("guests/behave.wasm"), LoadOptions::default())
+        .unwrap();
     let db = db().await;
     let slow = Limits {
         deadline: Duration::from_millis(300),
@@ -411,7 +417,9 @@ async fn credit_example_upserts_and_rejects_bad_json() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let credit = RUNTIME.load(&target.join("guests/credit.wasm")).unwrap();
+    let credit = RUNTIME
+        .load(&target.join("guests/credit.wasm"), LoadOptions::default())
+        .unwrap();
     let db = db().await;
     for payload in [
         json!({"event_id": "evt_8142", "account_id": 73, "amount": 500}),

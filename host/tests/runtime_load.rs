@@ -4,7 +4,7 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::runtime::{LoadError, Runtime};
+use idem::runtime::{LoadError, LoadOptions, Runtime};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -28,8 +28,15 @@ fn built(rel: &str) -> PathBuf {
     p
 }
 
+const PLAIN: LoadOptions = LoadOptions { wasi: false };
+const WASI: LoadOptions = LoadOptions { wasi: true };
+
 fn load_err(path: &Path) -> (LoadError, String) {
-    let err = RUNTIME.load(path).expect_err("load must fail");
+    load_err_with(path, PLAIN)
+}
+
+fn load_err_with(path: &Path, options: LoadOptions) -> (LoadError, String) {
+    let err = RUNTIME.load(path, options).expect_err("load must fail");
     let line = err.to_string();
     assert!(!line.contains('\n'), "one line, got: {line}");
     assert!(
@@ -99,22 +106,55 @@ fn broken_component() {
 }
 
 #[test]
-fn wasi_imports_are_named_and_refused() {
-    // The credit example built for wasm32-wasip2 imports WASI CLI interfaces.
+fn wasi_imports_are_refused_without_the_option() {
+    // The credit example built for wasm32-wasip2 imports 13 WASI interfaces
+    // (I/O and CLI), the first `wasi:io/poll`.
     let p = built("guests/credit-wasip2.wasm");
     let (err, line) = load_err(&p);
     match &err {
-        LoadError::UnknownImport { name, others, .. } => {
-            assert!(name.starts_with("wasi:"), "{name}");
-            assert!(*others > 0);
+        LoadError::WasiNotEnabled { name, others, .. } => {
+            assert_eq!(name, "wasi:io/poll@0.2.6");
+            assert_eq!(*others, 12);
         }
-        other => panic!("expected UnknownImport, got {other:?}"),
+        other => panic!("expected WasiNotEnabled, got {other:?}"),
     }
-    assert!(line.contains("which idem does not provide"), "{line}");
-    assert!(
-        line.contains("wasm32-unknown-unknown"),
-        "says what to do: {line}"
+    assert_eq!(
+        line,
+        format!(
+            "{}: imports WASI: `wasi:io/poll@0.2.6` (and 12 more), which idem links only for \
+             handlers with `wasi = true`; build for wasm32-unknown-unknown (Rust: then \
+             `wasm-tools component new`), or set `wasi = true` for this handler if its language \
+             cannot avoid WASI",
+            p.display()
+        )
     );
+}
+
+#[test]
+fn wasi_imports_load_with_the_option() {
+    let p = built("guests/credit-wasip2.wasm");
+    let module = RUNTIME.load(&p, WASI).unwrap_or_else(|e| panic!("{e}"));
+    assert!(module.wasi());
+    assert_eq!(
+        module.digest(),
+        hex::encode(Sha256::digest(std::fs::read(&p).unwrap()))
+    );
+    // Sockets, files, clocks: every interface the probe imports is linked.
+    let probe = built("guests/wasi-probe.wasm");
+    assert!(RUNTIME.load(&probe, WASI).unwrap().wasi());
+    let (err, _) = load_err_with(&probe, PLAIN);
+    assert!(
+        matches!(err, LoadError::WasiNotEnabled { others: 23, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_guest_without_wasi_imports_gets_no_wasi_even_with_the_option() {
+    let module = RUNTIME
+        .load(&built("guests/credit.wasm"), WASI)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!module.wasi());
 }
 
 #[test]
@@ -129,7 +169,7 @@ fn wrong_handle_signature() {
 #[test]
 fn credit_loads_with_the_file_digest() {
     let p = built("guests/credit.wasm");
-    let module = RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"));
+    let module = RUNTIME.load(&p, PLAIN).unwrap_or_else(|e| panic!("{e}"));
     let expected = hex::encode(Sha256::digest(std::fs::read(&p).unwrap()));
     assert_eq!(module.digest(), expected);
     assert_eq!(module.path(), p);
@@ -138,7 +178,7 @@ fn credit_loads_with_the_file_digest() {
 #[test]
 fn behave_loads() {
     let p = built("guests/behave.wasm");
-    RUNTIME.load(&p).unwrap_or_else(|e| panic!("{e}"));
+    RUNTIME.load(&p, PLAIN).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -148,7 +188,7 @@ fn example_config_points_at_a_loadable_module() {
     let config = idem::config::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     let handler = &config.handlers[0];
     RUNTIME
-        .load(&handler.module)
+        .load(&handler.module, LoadOptions { wasi: handler.wasi })
         .unwrap_or_else(|e| panic!("{e}"));
     let migrations = handler
         .migrations

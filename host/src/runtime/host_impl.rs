@@ -1,13 +1,17 @@
 //! What a guest can reach: the `transaction` and `log` imports, bounded by the
-//! message's [`Limits`], and the memory limiter. One [`HostState`] per message;
-//! it owns the message's transaction while the guest runs.
+//! message's [`Limits`], the memory limiter, and (for a module loaded with
+//! WASI) the empty WASI context. One [`HostState`] per message; it owns the
+//! message's transaction while the guest runs.
 
 use super::Limits;
 use super::bindings::{DbError, Level, Rows, Value, idem::handler};
+use super::guest_log::LogSink;
+use super::wasi::WasiState;
 use crate::sql_guard::SqlGuard;
 use crate::store::{SqlValue, Tx};
 use std::sync::Arc;
 use std::time::Instant;
+use wasmtime_wasi::{WasiCtxView, WasiView};
 
 /// Why the host stopped a guest, recorded where it happens so the failure can
 /// be told apart from a guest's own trap.
@@ -22,18 +26,15 @@ pub(crate) enum Stop {
 /// The data of one message's `Store`.
 pub(crate) struct HostState {
     pub(crate) tx: Tx,
-    handler: Arc<str>,
-    identity: String,
     guard: Arc<SqlGuard>,
     limits: Limits,
     deadline: Instant,
     statements: u32,
-    log_bytes: usize,
-    log_dropped_bytes: usize,
-    log_dropped_lines: usize,
-    /// The last error-level line the guest logged (a Rust guest's panic
-    /// message, say), to explain a trap that follows it.
-    pub(crate) last_error_line: Option<String>,
+    /// The message's guest log: `log` lines and WASI stdout/stderr.
+    pub(crate) log: LogSink,
+    /// The WASI context, built on the first WASI call. Only a module loaded
+    /// with WASI can make one.
+    wasi: Option<Box<WasiState>>,
     pub(crate) stop: Option<Stop>,
 }
 
@@ -46,34 +47,16 @@ impl HostState {
         limits: Limits,
         deadline: Instant,
     ) -> Self {
+        let log = LogSink::new(handler, identity, limits.max_log_bytes);
         Self {
             tx,
-            handler,
-            identity,
             guard,
             limits,
             deadline,
             statements: 0,
-            log_bytes: 0,
-            log_dropped_bytes: 0,
-            log_dropped_lines: 0,
-            last_error_line: None,
+            log,
+            wasi: None,
             stop: None,
-        }
-    }
-
-    /// Logs, once, how much guest output the per-message cap dropped.
-    pub(crate) fn report_dropped_logs(&self) {
-        if self.log_dropped_bytes > 0 {
-            tracing::warn!(
-                target: "idem::guest",
-                handler = %self.handler,
-                identity = %self.identity,
-                dropped_bytes = self.log_dropped_bytes,
-                dropped_lines = self.log_dropped_lines,
-                cap_bytes = self.limits.max_log_bytes,
-                "guest log output over the per-message cap was dropped"
-            );
         }
     }
 
@@ -163,38 +146,17 @@ impl handler::transaction::Host for HostState {
 
 impl handler::log::Host for HostState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        if level == Level::Error {
-            let cut = floor_char_boundary(&message, MAX_REMEMBERED_ERROR_BYTES);
-            let kept = message.get(..cut).unwrap_or_default();
-            self.last_error_line = Some(one_line(kept).into_owned());
-        }
-        let budget = self.limits.max_log_bytes.saturating_sub(self.log_bytes);
-        let (line, dropped, charged) = fit(&message, budget);
-        self.log_bytes += charged;
-        if dropped > 0 || charged == 0 {
-            self.log_dropped_bytes += dropped;
-            self.log_dropped_lines += 1;
-            if line.is_empty() {
-                return Ok(());
-            }
-        }
-        let line = one_line(line);
-        let (handler, identity) = (&*self.handler, self.identity.as_str());
-        match level {
-            Level::Debug => {
-                tracing::debug!(target: "idem::guest", handler, identity, truncated = dropped > 0, "{line}")
-            }
-            Level::Info => {
-                tracing::info!(target: "idem::guest", handler, identity, truncated = dropped > 0, "{line}")
-            }
-            Level::Warn => {
-                tracing::warn!(target: "idem::guest", handler, identity, truncated = dropped > 0, "{line}")
-            }
-            Level::Error => {
-                tracing::error!(target: "idem::guest", handler, identity, truncated = dropped > 0, "{line}")
-            }
-        }
+        self.log.lock().log(level, &message);
         Ok(())
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        let log = &self.log;
+        self.wasi
+            .get_or_insert_with(|| Box::new(WasiState::new(log)))
+            .view()
     }
 }
 
@@ -226,77 +188,5 @@ impl wasmtime::ResourceLimiter for HostState {
     }
 }
 
-/// How much of the last error line is kept to explain a trap.
-const MAX_REMEMBERED_ERROR_BYTES: usize = 512;
-
 /// The most elements a guest table may grow to.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
-
-/// How much of a log line fits what is left of the budget: the kept prefix,
-/// the bytes dropped, and the bytes charged. Each line costs its bytes plus
-/// one (its newline), so a flood of empty lines is capped too.
-fn fit(message: &str, budget: usize) -> (&str, usize, usize) {
-    if budget == 0 {
-        return ("", message.len(), 0);
-    }
-    let cut = floor_char_boundary(message, budget - 1);
-    let kept = message.get(..cut).unwrap_or_default();
-    (kept, message.len() - kept.len(), kept.len() + 1)
-}
-
-/// The largest index `<= at` that is on a char boundary of `s`.
-pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
-    if at >= s.len() {
-        return s.len();
-    }
-    (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
-}
-
-/// Escapes control characters so one guest line stays one log line.
-fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.chars().any(char::is_control) {
-        std::borrow::Cow::Owned(
-            s.chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_default().to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect(),
-        )
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn char_boundary_never_splits_a_char() {
-        let s = "aé€";
-        assert_eq!(floor_char_boundary(s, 2), 1);
-        assert_eq!(floor_char_boundary(s, 3), 3);
-        assert_eq!(floor_char_boundary(s, 100), s.len());
-        assert_eq!(floor_char_boundary(s, 0), 0);
-    }
-
-    #[test]
-    fn log_lines_fit_the_budget() {
-        assert_eq!(fit("hello", 100), ("hello", 0, 6));
-        assert_eq!(fit("hello", 6), ("hello", 0, 6));
-        assert_eq!(fit("hello", 4), ("hel", 2, 4));
-        assert_eq!(fit("", 3), ("", 0, 1));
-        assert_eq!(fit("hello", 0), ("", 5, 0));
-        assert_eq!(fit("é", 2), ("", 2, 1));
-    }
-
-    #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(one_line("a\nb\tc"), "a\\nb\\tc");
-        assert_eq!(one_line("plain"), "plain");
-    }
-}

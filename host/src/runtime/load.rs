@@ -3,10 +3,21 @@
 
 use super::bindings::{HandlerPre, PROVIDED_IMPORTS};
 use super::host_impl::HostState;
+use super::wasi;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
+
+/// How to load one handler's component.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Link WASI preview 2 with an empty context (no files, network,
+    /// environment or arguments; stdout/stderr to the guest log) for a
+    /// language that cannot avoid WASI imports: the handler's `wasi = true`.
+    /// Default `false`: a component that imports WASI is refused.
+    pub wasi: bool,
+}
 
 /// A compiled handler component, checked against the world
 /// `idem:handler/handler` and ready to instantiate once per message.
@@ -14,9 +25,16 @@ pub struct HandlerModule {
     pub(crate) pre: HandlerPre<HostState>,
     digest: String,
     path: PathBuf,
+    wasi: bool,
 }
 
 impl HandlerModule {
+    /// Whether the component runs with the (empty) WASI context linked: it
+    /// was loaded with [`LoadOptions::wasi`] and imports WASI.
+    pub fn wasi(&self) -> bool {
+        self.wasi
+    }
+
     /// Hex SHA-256 of the component file's bytes: recorded with every receipt.
     pub fn digest(&self) -> &str {
         &self.digest
@@ -33,6 +51,7 @@ impl std::fmt::Debug for HandlerModule {
         f.debug_struct("HandlerModule")
             .field("path", &self.path)
             .field("digest", &self.digest)
+            .field("wasi", &self.wasi)
             .finish_non_exhaustive()
     }
 }
@@ -56,17 +75,29 @@ pub enum LoadError {
     /// A component that does not validate or compile.
     #[error("{}: not a valid WebAssembly component: {detail}", path.display())]
     Invalid { path: PathBuf, detail: String },
-    /// A component that imports something the host does not provide (WASI, say).
-    #[error("{}: imports `{name}`{more}, which idem does not provide (it provides only idem:handler/transaction and idem:handler/log); build Rust guests for wasm32-unknown-unknown and run `wasm-tools component new`, or drop the dependency that needs it", path.display(), more = more_imports(*others))]
+    /// A component that imports something the host does not provide
+    /// (`wasi:http`, say, or WASI 0.3).
+    #[error("{}: imports `{name}`{more}, which idem does not provide (it provides only idem:handler/transaction and idem:handler/log{and_wasi}); build Rust guests for wasm32-unknown-unknown and run `wasm-tools component new`, or drop the dependency that needs it", path.display(), more = more_imports(*others), and_wasi = if *wasi { ", and WASI 0.2 with an empty context" } else { "" })]
     UnknownImport {
         path: PathBuf,
         /// The first import the host does not provide.
         name: String,
         /// How many more there are.
         others: usize,
+        /// Whether the component was loaded with [`LoadOptions::wasi`].
+        wasi: bool,
     },
-    /// The idem:handler imports do not match the host's (another WIT version, say).
-    #[error("{}: its idem:handler imports do not match this host's ({detail}); rebuild it against this idem's wit/handler.wit", path.display())]
+    /// A component that imports WASI 0.2, loaded without [`LoadOptions::wasi`].
+    #[error("{}: imports WASI: `{name}`{more}, which idem links only for handlers with `wasi = true`; build for wasm32-unknown-unknown (Rust: then `wasm-tools component new`), or set `wasi = true` for this handler if its language cannot avoid WASI", path.display(), more = more_imports(*others))]
+    WasiNotEnabled {
+        path: PathBuf,
+        /// The first WASI import.
+        name: String,
+        /// How many more WASI imports there are.
+        others: usize,
+    },
+    /// The imports do not match the host's (another WIT version, say).
+    #[error("{}: its imports do not match this host's ({detail}); rebuild it against this idem's wit/handler.wit", path.display())]
     ImportMismatch { path: PathBuf, detail: String },
     /// No `handle` export, or one of another type.
     #[error("{}: does not export `handle: func(msg: message) -> result<_, handler-error>` of world idem:handler/handler ({detail}); build it against this idem's wit/handler.wit", path.display())]
@@ -89,11 +120,19 @@ pub(crate) fn one_line(e: &wasmtime::Error) -> String {
         .join(" ")
 }
 
+/// The two linkers of a runtime: the plain one (idem:handler only) and the
+/// one with WASI added.
+pub(crate) struct Linkers {
+    pub(crate) plain: Linker<HostState>,
+    pub(crate) wasi: Linker<HostState>,
+}
+
 /// Reads, compiles and checks one component. See [`super::Runtime::load`].
 pub(crate) fn load(
     engine: &Engine,
-    linker: &Linker<HostState>,
+    linkers: &Linkers,
     path: &Path,
+    options: LoadOptions,
 ) -> Result<HandlerModule, LoadError> {
     let p = || path.to_path_buf();
     let bytes = std::fs::read(path).map_err(|e| match e.kind() {
@@ -112,25 +151,55 @@ pub(crate) fn load(
         path: p(),
         detail: one_line(&e),
     })?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    link(engine, linkers, &component, path, options, digest)
+}
 
-    let foreign: Vec<String> = component
+/// Checks a compiled component's imports and exports against the host's.
+fn link(
+    engine: &Engine,
+    linkers: &Linkers,
+    component: &Component,
+    path: &Path,
+    options: LoadOptions,
+    digest: String,
+) -> Result<HandlerModule, LoadError> {
+    let p = || path.to_path_buf();
+    // Imports the host may provide: idem:handler (an unknown one is an
+    // ImportMismatch below, with wasmtime's detail) and WASI 0.2.
+    let (wasi_imports, foreign): (Vec<String>, Vec<String>) = component
         .component_type()
         .imports(engine)
         .map(|(name, _)| name)
         .filter(|name| !name.starts_with("idem:handler/") && !PROVIDED_IMPORTS.contains(name))
         .map(str::to_string)
-        .collect();
+        .partition(|name| wasi::is_linked(name));
     if let Some(name) = foreign.first() {
         return Err(LoadError::UnknownImport {
             path: p(),
             name: name.clone(),
             others: foreign.len() - 1,
+            wasi: options.wasi,
         });
     }
+    if let (false, Some(name)) = (options.wasi, wasi_imports.first()) {
+        return Err(LoadError::WasiNotEnabled {
+            path: p(),
+            name: name.clone(),
+            others: wasi_imports.len() - 1,
+        });
+    }
+    // A component without WASI imports gets the plain linker even when WASI
+    // is allowed: no WASI at all is the stronger sandbox.
+    let wasi = !wasi_imports.is_empty();
+    if options.wasi && !wasi {
+        tracing::warn!(module = %path.display(), "the handler sets `wasi = true` but its component imports no WASI; the option can go");
+    }
+    let linker = if wasi { &linkers.wasi } else { &linkers.plain };
 
     let instance_pre =
         linker
-            .instantiate_pre(&component)
+            .instantiate_pre(component)
             .map_err(|e| LoadError::ImportMismatch {
                 path: p(),
                 detail: one_line(&e),
@@ -141,7 +210,75 @@ pub(crate) fn load(
     })?;
     Ok(HandlerModule {
         pre,
-        digest: hex::encode(Sha256::digest(&bytes)),
+        digest,
         path: p(),
+        wasi,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Runtime;
+
+    fn link_wat(wat: &str, wasi: bool) -> Result<HandlerModule, LoadError> {
+        let rt = Runtime::with_capacity(1).map_err(|e| LoadError::Invalid {
+            path: PathBuf::new(),
+            detail: e.to_string(),
+        })?;
+        let component = Component::new(&rt.engine, wat).map_err(|e| LoadError::Invalid {
+            path: PathBuf::new(),
+            detail: one_line(&e),
+        })?;
+        let path = Path::new("h.wasm");
+        link(
+            &rt.engine,
+            &rt.linkers,
+            &component,
+            path,
+            LoadOptions { wasi },
+            String::new(),
+        )
+    }
+
+    #[test]
+    fn an_import_beyond_wasi_0_2_is_unknown_even_with_wasi() {
+        let wat = r#"(component
+            (import "wasi:http/types@0.2.6" (instance))
+            (import "wasi:cli/environment@0.2.6" (instance))
+        )"#;
+        let err = link_wat(wat, true).err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "h.wasm: imports `wasi:http/types@0.2.6`, which idem does not provide (it provides \
+                 only idem:handler/transaction and idem:handler/log, and WASI 0.2 with an empty \
+                 context); build Rust guests for wasm32-unknown-unknown and run `wasm-tools \
+                 component new`, or drop the dependency that needs it"
+            )
+        );
+    }
+
+    #[test]
+    fn wasi_imports_without_the_option_name_the_fix() {
+        let wat = r#"(component
+            (import "wasi:cli/environment@0.2.6" (instance))
+            (import "wasi:cli/stdout@0.2.6" (instance))
+        )"#;
+        let err = link_wat(wat, false).err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "h.wasm: imports WASI: `wasi:cli/environment@0.2.6` (and 1 more), which idem \
+                 links only for handlers with `wasi = true`; build for wasm32-unknown-unknown \
+                 (Rust: then `wasm-tools component new`), or set `wasi = true` for this handler \
+                 if its language cannot avoid WASI"
+            )
+        );
+        // With the option the imports link; the missing `handle` export is what is left.
+        assert!(matches!(
+            link_wat(wat, true),
+            Err(LoadError::BadExport { .. })
+        ));
+    }
 }

@@ -1,8 +1,11 @@
-//! The wasm runtime: one wasmtime [`Engine`](wasmtime::Engine) with a pooling
-//! allocator and epoch interruption, one linker with only the `idem:handler`
-//! imports (`transaction` and `log`; no WASI), components compiled once
+//! The wasm runtime: one wasmtime [`wasmtime::Engine`] with a pooling
+//! allocator and epoch interruption, components compiled once
 //! ([`Runtime::load`]) and instantiated fresh for every message
-//! ([`Runtime::handle`]).
+//! ([`Runtime::handle`]), and two linkers: one with only the `idem:handler`
+//! imports (`transaction` and `log`; no WASI), for every handler by default,
+//! and one that adds WASI preview 2 with an empty context, for a handler that
+//! opts in with `wasi = true` because its language cannot avoid WASI imports
+//! (what such a guest can see: [`wasi`]).
 //!
 //! # What bounds a guest
 //!
@@ -15,8 +18,8 @@
 //! - **Statements and rows**: past [`Limits::max_statements`] statements a
 //!   message's statements are refused with a `denied` error value; a query may
 //!   return at most [`Limits::max_rows`] rows.
-//! - **Log output**: at most [`Limits::max_log_bytes`] per message; the rest is
-//!   dropped and counted.
+//! - **Log output**: at most [`Limits::max_log_bytes`] per message, `log`
+//!   lines and WASI stdout/stderr together; the rest is dropped and counted.
 //! - **Reach**: the SQL guard checks every statement before it runs; database
 //!   errors and refusals are WIT error values, never traps.
 //!
@@ -24,10 +27,12 @@
 //! store and its instance are dropped and the transaction is handed back.
 
 mod bindings;
+mod guest_log;
 mod host_impl;
 mod load;
+pub mod wasi;
 
-pub use load::{HandlerModule, LoadError};
+pub use load::{HandlerModule, LoadError, LoadOptions};
 
 use crate::sql_guard::SqlGuard;
 use crate::store::Tx;
@@ -126,10 +131,10 @@ pub enum HandlerFailure {
     Trap(String),
 }
 
-/// The engine, the linker and the epoch ticker. Share one per process.
+/// The engine, the linkers and the epoch ticker. Share one per process.
 pub struct Runtime {
     engine: Engine,
-    linker: Linker<HostState>,
+    linkers: load::Linkers,
 }
 
 impl Runtime {
@@ -157,8 +162,14 @@ impl Runtime {
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
 
-        let mut linker = Linker::new(&engine);
-        bindings::Handler::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let mut plain = Linker::new(&engine);
+        bindings::Handler::add_to_linker::<HostState, HasSelf<HostState>>(&mut plain, |s| s)?;
+        let mut with_wasi = plain.clone();
+        wasi::add_to_linker(&mut with_wasi)?;
+        let linkers = load::Linkers {
+            plain,
+            wasi: with_wasi,
+        };
 
         let weak = engine.weak();
         std::thread::Builder::new()
@@ -171,15 +182,15 @@ impl Runtime {
                     std::thread::sleep(EPOCH_TICK);
                 }
             })?;
-        Ok(Self { engine, linker })
+        Ok(Self { engine, linkers })
     }
 
     /// Reads and compiles a component once, and checks that it is a
     /// component of world `idem:handler/handler` that imports nothing the
-    /// host does not provide. Errors are one line that says what is wrong and
-    /// what to do.
-    pub fn load(&self, path: &Path) -> Result<Arc<HandlerModule>, LoadError> {
-        load::load(&self.engine, &self.linker, path).map(Arc::new)
+    /// host does not provide: WASI 0.2 only with [`LoadOptions::wasi`].
+    /// Errors are one line that says what is wrong and what to do.
+    pub fn load(&self, path: &Path, options: LoadOptions) -> Result<Arc<HandlerModule>, LoadError> {
+        load::load(&self.engine, &self.linkers, path, options).map(Arc::new)
     }
 
     /// Runs `handle` for one message in a fresh instance, with `tx` as the
@@ -256,10 +267,11 @@ impl Runtime {
             Ok(Err(GuestError::Instantiate(e) | GuestError::Call(e))) => {
                 let data = store.data();
                 let mut reason = describe_trap(&e, data.stop, &limits);
-                if let (None, Some(line)) = (data.stop, &data.last_error_line) {
-                    reason.push_str(&format!("; the guest last logged: {line}"));
+                if let (None, Some(said)) = (data.stop, data.log.lock().last_error()) {
+                    reason.push_str("; ");
+                    reason.push_str(&said);
                 }
-                Err(HandlerFailure::Trap(reason))
+                Err(HandlerFailure::Trap(truncate(reason)))
             }
             Err(_) => Err(HandlerFailure::Trap(describe_trap(
                 &wasmtime::format_err!("did not return"),
@@ -268,7 +280,7 @@ impl Runtime {
             ))),
         };
         let state = store.into_data();
-        state.report_dropped_logs();
+        state.log.lock().finish();
         if let Err(failure) = &result {
             tracing::debug!(handler = %call.handler, identity = %call.identity, %failure, "guest call failed");
         }
@@ -307,6 +319,9 @@ fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Limits) -> St
             limits.max_memory_bytes
         ),
         None => {
+            if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                return format!("the guest exited with status {} (wasi:cli/exit)", exit.0);
+            }
             let what = match e.downcast_ref::<wasmtime::Trap>() {
                 Some(trap) => trap.to_string(),
                 None => load::one_line(e),
@@ -327,7 +342,7 @@ fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Limits) -> St
 /// Cuts a guest's reason to [`MAX_REASON_BYTES`] on a char boundary.
 fn truncate(mut reason: String) -> String {
     if reason.len() > MAX_REASON_BYTES {
-        let cut = host_impl::floor_char_boundary(&reason, MAX_REASON_BYTES);
+        let cut = guest_log::floor_char_boundary(&reason, MAX_REASON_BYTES);
         let dropped = reason.len() - cut;
         reason.truncate(cut);
         reason.push_str(&format!("… ({dropped} more bytes)"));

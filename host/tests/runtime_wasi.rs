@@ -1,0 +1,355 @@
+//! The WASI opt-in (`wasi = true`): a guest built for wasm32-wasip2 runs in an
+//! empty WASI context against a real SQLite file: no environment, arguments,
+//! files, stdin or network; stdout/stderr go to the guest log under the
+//! per-message cap, tagged with the handler and message identity.
+//!
+//! Needs the guests built: `scripts/build-guests.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem::runtime::{
+    GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
+};
+use idem::sql_guard::SqlGuard;
+use idem::store::{Database, DbKind, Receipt};
+use serde_json::{Value as Json, json};
+use sqlx::Row;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
+
+const WASI: LoadOptions = LoadOptions { wasi: true };
+
+fn built(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let p = target.join("guests").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-guests.sh first",
+        p.display()
+    );
+    p
+}
+
+static PROBE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
+    RUNTIME
+        .load(&built("wasi-probe.wasm"), WASI)
+        .unwrap_or_else(|e| panic!("{e}"))
+});
+
+/// A real SQLite file with idem's host tables and the credit example's schema.
+struct Db {
+    _dir: tempfile::TempDir,
+    db: Database,
+}
+
+async fn db() -> Db {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let db = Database::connect(&url, 2).await.unwrap();
+    db.prepare_host_tables().await.unwrap();
+    let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/credit/migrations");
+    db.migrate_handler("credit", &migrations).await.unwrap();
+    Db { _dir: dir, db }
+}
+
+impl Db {
+    async fn scalar(&self, sql: &'static str) -> i64 {
+        let Database::Sqlite(pool) = &self.db else {
+            panic!("sqlite")
+        };
+        sqlx::query(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            .get::<i64, _>(0)
+    }
+}
+
+fn invocation(handler: &str, identity: &str, limits: Limits) -> Invocation {
+    Invocation {
+        handler: Arc::from(handler),
+        identity: identity.into(),
+        guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
+        limits,
+    }
+}
+
+fn message(identity: &str, payload: &Json) -> GuestMessage {
+    GuestMessage {
+        identity: identity.into(),
+        subject: "accounts.credit".into(),
+        headers: vec![],
+        payload: payload.to_string().into_bytes(),
+        stream_sequence: 1,
+        delivery_count: 1,
+        published_ms: 1_700_000_000_000,
+    }
+}
+
+/// One message as the pipeline runs it: BEGIN, receipt first (a duplicate
+/// rolls back at once), the guest, then COMMIT on success, ROLLBACK otherwise.
+/// `None` for a duplicate.
+async fn process(
+    db: &Db,
+    module: &HandlerModule,
+    call: &Invocation,
+    payload: &Json,
+) -> Option<Result<(), HandlerFailure>> {
+    let mut tx = db.db.begin().await.unwrap();
+    let receipt = Receipt {
+        consumer: &call.handler,
+        message_id: &call.identity,
+        stream_sequence: 1,
+        module_digest: module.digest(),
+    };
+    if !tx.insert_receipt(&receipt).await.unwrap() {
+        tx.rollback().await.unwrap();
+        return None;
+    }
+    let (result, tx) = RUNTIME
+        .handle(module, call, tx, message(&call.identity, payload))
+        .await;
+    if result.is_ok() {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+    Some(result)
+}
+
+/// Runs the probe for one message with the default limits, outside any
+/// receipt: what it returns.
+async fn probe(db: &Db, limits: Limits, payload: Json) -> Result<(), HandlerFailure> {
+    let call = invocation("wasi-probe", "evt-1", limits);
+    let tx = db.db.begin().await.unwrap();
+    let (result, tx) = RUNTIME
+        .handle(&PROBE, &call, tx, message("evt-1", &payload))
+        .await;
+    tx.rollback().await.unwrap();
+    result
+}
+
+/// Captures this thread's `idem::guest` log lines (no time, no colours) while
+/// the returned guard lives. Tests run on their own threads, so each sees its
+/// own lines only.
+fn capture() -> (tracing::subscriber::DefaultGuard, Arc<Mutex<Vec<u8>>>) {
+    #[derive(Clone)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let writer = Buf(buf.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("idem::guest=trace"))
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    (tracing::subscriber::set_default(subscriber), buf)
+}
+
+fn lines(buf: &Mutex<Vec<u8>>) -> Vec<String> {
+    String::from_utf8(buf.lock().unwrap().clone())
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn credit_built_for_wasip2_commits_with_wasi() {
+    let credit = RUNTIME
+        .load(&built("credit-wasip2.wasm"), WASI)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let db = db().await;
+    let events = [
+        (
+            "evt_1",
+            json!({"event_id": "evt_1", "account_id": 73, "amount": 500}),
+        ),
+        (
+            "evt_2",
+            json!({"event_id": "evt_2", "account_id": 73, "amount": -20}),
+        ),
+        (
+            "evt_1",
+            json!({"event_id": "evt_1", "account_id": 73, "amount": 500}),
+        ),
+        (
+            "evt_3",
+            json!({"event_id": "evt_3", "account_id": 9, "amount": 7}),
+        ),
+        ("evt_4", json!({"event_id": "evt_4", "account_id": "nine"})),
+    ];
+    let mut outcomes = Vec::new();
+    for (id, payload) in &events {
+        let call = invocation("credit", id, Limits::default());
+        outcomes.push(match process(&db, &credit, &call, payload).await {
+            None => "duplicate".to_string(),
+            Some(Ok(())) => "ok".to_string(),
+            Some(Err(HandlerFailure::Reject(r))) => format!("reject: {}", &r[..18]),
+            Some(Err(other)) => panic!("{id}: {other}"),
+        });
+    }
+    assert_eq!(
+        outcomes,
+        ["ok", "ok", "duplicate", "ok", "reject: not a credit event"]
+    );
+    assert_eq!(db.db.receipt_count("credit").await.unwrap(), 3);
+    assert_eq!(
+        db.scalar("SELECT balance FROM accounts WHERE account_id = 73")
+            .await,
+        480
+    );
+    assert_eq!(
+        db.scalar("SELECT balance FROM accounts WHERE account_id = 9")
+            .await,
+        7
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM accounts").await, 2);
+}
+
+#[tokio::test]
+async fn the_context_is_empty() {
+    let db = db().await;
+    let reason = match probe(&db, Limits::default(), json!({"op": "probe"})).await {
+        Err(HandlerFailure::Reject(r)) => r,
+        other => panic!("expected the probe's report, got {other:?}"),
+    };
+    let seen: Json = serde_json::from_str(&reason).unwrap();
+    assert_eq!(
+        seen,
+        json!({
+            "env": 0,
+            "args": 0,
+            // wasi-libc's default; no directory is behind it.
+            "cwd": {"ok": "/"},
+            "read_etc_passwd": {"err": "NotFound"},
+            "read_relative": {"err": "NotFound"},
+            "read_dir_root": {"err": "NotFound"},
+            "write_tmp": {"err": "NotFound"},
+            "stdin": {"ok": 0},
+            "tcp_connect": {"err": "PermissionDenied"},
+            "udp_bind": {"err": "PermissionDenied"},
+            "dns": {"err": "Uncategorized"},
+            "wall_clock_after_2020": true,
+        })
+    );
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_reach_the_guest_log_tagged() {
+    let db = db().await;
+    LazyLock::force(&PROBE);
+    let (_guard, buf) = capture();
+    let r = probe(
+        &db,
+        Limits::default(),
+        json!({"op": "print", "stdout": "hello from stdout", "stderr": "hello from stderr", "log": "via log"}),
+    )
+    .await;
+    assert_eq!(r, Ok(()));
+    assert_eq!(
+        lines(&buf),
+        [
+            r#" INFO idem::guest: via log handler="wasi-probe" identity="evt-1" truncated=false"#,
+            r#" INFO idem::guest: hello from stdout handler="wasi-probe" identity="evt-1" stream="stdout" truncated=false"#,
+            r#" WARN idem::guest: hello from stderr handler="wasi-probe" identity="evt-1" stream="stderr" truncated=false"#,
+        ]
+    );
+}
+
+#[tokio::test]
+async fn stdout_shares_the_log_cap_and_drops_are_counted() {
+    let db = db().await;
+    LazyLock::force(&PROBE);
+    let (_guard, buf) = capture();
+    let limits = Limits {
+        max_log_bytes: 100,
+        ..Limits::default()
+    };
+    // The log line costs 11 bytes (with its newline); five stdout lines of 41
+    // bytes follow: two fit (82), 7 bytes of the third, 116 bytes are dropped
+    // (the rest of the third line, the fourth and the fifth: 3 lines).
+    let x = "x".repeat(40);
+    let r = probe(
+        &db,
+        limits,
+        json!({"op": "print", "stdout": x, "lines": 5, "log": "0123456789"}),
+    )
+    .await;
+    assert_eq!(r, Ok(()));
+    let tags = r#"handler="wasi-probe" identity="evt-1""#;
+    assert_eq!(
+        lines(&buf),
+        [
+            format!(" INFO idem::guest: 0123456789 {tags} truncated=false"),
+            format!(" INFO idem::guest: {x} {tags} stream=\"stdout\" truncated=false"),
+            format!(" INFO idem::guest: {x} {tags} stream=\"stdout\" truncated=false"),
+            format!(" INFO idem::guest: xxxxxxx {tags} stream=\"stdout\" truncated=true"),
+            " WARN idem::guest: guest log output over the per-message cap was dropped \
+             handler=wasi-probe identity=evt-1 dropped_bytes=116 dropped_lines=3 cap_bytes=100"
+                .to_string(),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_sleeping_guest_is_stopped_by_the_deadline() {
+    let db = db().await;
+    LazyLock::force(&PROBE);
+    let limits = Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let start = Instant::now();
+    let r = probe(&db, limits, json!({"op": "sleep", "ms": 60_000})).await;
+    let took = start.elapsed();
+    assert_eq!(
+        r,
+        Err(HandlerFailure::Trap("exceeded the 300ms deadline".into()))
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+#[tokio::test]
+async fn exit_and_abort_are_traps_explained_by_stderr() {
+    let db = db().await;
+    // WASI 0.2's exit carries ok or error only: any non-zero code is 1.
+    let r = probe(&db, Limits::default(), json!({"op": "exit", "code": 3})).await;
+    assert_eq!(
+        r,
+        Err(HandlerFailure::Trap(
+            "the guest exited with status 1 (wasi:cli/exit)".into()
+        ))
+    );
+    let r = probe(
+        &db,
+        Limits::default(),
+        json!({"op": "abort", "stderr": "fatal: the ledger is on fire"}),
+    )
+    .await;
+    assert_eq!(
+        r,
+        Err(HandlerFailure::Trap(
+            "wasm trap: wasm `unreachable` instruction executed; \
+             the guest last wrote to stderr: fatal: the ledger is on fire"
+                .into()
+        ))
+    );
+    // The host goes on: the next message runs.
+    let r = probe(&db, Limits::default(), json!({"op": "print"})).await;
+    assert_eq!(r, Ok(()));
+}
