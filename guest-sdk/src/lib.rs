@@ -48,8 +48,9 @@
 //! # Building
 //!
 //! Build the crate as a `cdylib` for `wasm32-unknown-unknown` (a guest built
-//! for `wasm32-wasip2` imports WASI interfaces that idem does not provide),
-//! then wrap the core module into a component:
+//! for `wasm32-wasip2` imports WASI interfaces, which idem links only for a
+//! handler configured with `wasi = true`; a guest without WASI is the
+//! stronger sandbox), then wrap the core module into a component:
 //!
 //! ```text
 //! cargo build --release --target wasm32-unknown-unknown
