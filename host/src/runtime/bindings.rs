@@ -16,8 +16,8 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub use idem::handler::log::Level;
-pub use idem::handler::types::{DbError, DbErrorKind, Rows, Value};
+pub use self::idem::handler::log::Level;
+pub use self::idem::handler::types::{DbError, DbErrorKind, Rows, Value};
 
 /// The import names the host provides; a component may import no others.
 pub const PROVIDED_IMPORTS: [&str; 3] = [
