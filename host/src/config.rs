@@ -124,6 +124,16 @@ pub struct HandlerConfig {
     /// at the handler's processing rate. Default 16.
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
+    /// Most statements (`execute` + `query`) one message may run. Default 1000.
+    #[serde(default = "default_max_statements")]
+    pub max_statements: u32,
+    /// Most rows one query may return to the guest. Default 10,000.
+    #[serde(default = "default_max_rows")]
+    pub max_rows: usize,
+    /// Log output (the `log` interface and, under WASI, stdout/stderr) per
+    /// message, in KiB; the rest is dropped and counted. Default 64.
+    #[serde(default = "default_max_log_kib")]
+    pub max_log_kib: usize,
     /// Link an empty WASI context (no preopens, no network, no environment,
     /// stdout/stderr to the host log) for a guest whose toolchain cannot avoid
     /// WASI imports. Default false: a guest importing WASI is refused at load.
@@ -148,6 +158,15 @@ fn default_retry_delay() -> Duration {
 }
 fn default_deadline() -> Duration {
     Duration::from_secs(5)
+}
+fn default_max_statements() -> u32 {
+    1000
+}
+fn default_max_rows() -> usize {
+    10_000
+}
+fn default_max_log_kib() -> usize {
+    64
 }
 fn default_pull_batch() -> usize {
     16
@@ -260,6 +279,18 @@ impl Config {
             if h.max_deliver == 0 {
                 return Err(format!(
                     "handler `{}`: max_deliver must be at least 1",
+                    h.name
+                ));
+            }
+            if h.max_statements == 0 || h.max_rows == 0 {
+                return Err(format!(
+                    "handler `{}`: max_statements and max_rows must be at least 1",
+                    h.name
+                ));
+            }
+            if h.deadline.is_zero() {
+                return Err(format!(
+                    "handler `{}`: deadline must be more than 0s",
                     h.name
                 ));
             }

@@ -63,7 +63,9 @@ impl Pipeline {
         let limits = Limits {
             deadline: cfg.deadline,
             max_memory_bytes: cfg.max_memory_mib as usize * 1024 * 1024,
-            ..Limits::default()
+            max_statements: cfg.max_statements,
+            max_rows: cfg.max_rows,
+            max_log_bytes: cfg.max_log_kib.saturating_mul(1024),
         };
         Self {
             name: Arc::from(cfg.name.as_str()),
