@@ -203,6 +203,39 @@ impl TestDb {
         .unwrap()
     }
 
+    /// Runs one statement (test setup, e.g. tables no handler owns). Unlike
+    /// [`TestDb::pool`], creates the SQLite file if the host has not yet.
+    pub async fn execute(&self, sql: &str) {
+        sqlx::any::install_default_drivers();
+        let url = match self.backend {
+            Backend::Sqlite => format!("{}?mode=rwc", self.url),
+            Backend::Postgres => self.url.clone(),
+        };
+        let pool: sqlx::AnyPool = sqlx::pool::PoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+
+    /// The message ids of `consumer`'s receipts, sorted.
+    pub async fn receipt_ids(&self, consumer: &str) -> Vec<String> {
+        let pool = self.pool().await;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT message_id FROM idem_receipts WHERE consumer = '{consumer}' ORDER BY message_id"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        rows.iter().map(|r| r.get::<String, _>(0)).collect()
+    }
+
     /// (message_id, reason) of every dead letter of `consumer`, by id.
     pub async fn dead_letters(&self, consumer: &str) -> Vec<(Option<String>, String)> {
         let pool = self.pool().await;
@@ -370,14 +403,354 @@ pub async fn publish(
         .unwrap();
 }
 
+/// Creates stream `name` over `subjects`, so several handlers can share it
+/// with different filter subjects (the host creates a missing stream with the
+/// first handler's subjects only).
+pub async fn create_stream(nats: &Nats, name: &str, subjects: &[&str]) {
+    nats.jetstream()
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: name.into(),
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// The hostile-guest arena (issue 3): one host running a hostile handler and
+/// a well-behaved one side by side on stream `ACCOUNTS` (`accounts.>`).
+///
+/// - `hostile`: the `behave` guest on `accounts.hostile`, granted `accounts`
+///   only, `retry_delay = "100ms"` plus the test's extra TOML lines;
+/// - `well-behaved`: the `credit` guest on `accounts.credit`, defaults.
+///
+/// [`Arena::run`] surrounds the hostile messages with well-behaved traffic
+/// and checks that the well-behaved handler was served exactly.
+pub struct Arena {
+    // Dropped in this order: the host stops before its broker and database go.
+    pub host: RunningHost,
+    pub js: async_nats::jetstream::Context,
+    pub nats: Nats,
+    pub db: TestDb,
+    _dir: tempfile::TempDir,
+}
+
+/// What [`Arena::run`] observed of the hostile handler.
+pub struct ArenaRun {
+    /// The hostile handler's counters once every hostile message was settled.
+    pub stats: StatsSnapshot,
+    /// (message_id, reason) of the hostile handler's dead letters, in order.
+    pub dead_letters: Vec<(Option<String>, String)>,
+    /// From the first hostile publish until everything was settled.
+    pub elapsed: Duration,
+}
+
+impl Arena {
+    /// The well-behaved handler's account.
+    pub const WELL_ACCOUNT: i64 = 900;
+    /// The account of the `credit` op [`Arena::run`] sends the hostile handler last.
+    pub const HOSTILE_ACCOUNT: i64 = 1;
+    /// The amount of that credit.
+    pub const HOSTILE_AMOUNT: i64 = 7;
+    /// The account a hostile message credits before it misbehaves
+    /// ([`Arena::credit_then`]): its balance stays NULL when the
+    /// misbehaviour rolls the message back.
+    pub const VICTIM: i64 = 2;
+
+    /// A hostile payload, message `event_id`: the `behave` guest credits 5
+    /// to [`Self::VICTIM`], then behaves as `then` says.
+    pub fn credit_then(event_id: &str, then: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"op": "credit-then", "event_id": event_id,
+                           "account_id": Self::VICTIM, "amount": 5, "then": then})
+    }
+
+    /// Starts the arena; `setup` statements run on the fresh database first
+    /// (the host's migrations create `accounts` afterwards).
+    pub async fn start(backend: Backend, hostile_extra: &str, setup: &[&str]) -> Self {
+        let nats = Nats::start();
+        let db = TestDb::new(backend).await;
+        for sql in setup {
+            db.execute(sql).await;
+        }
+        create_stream(&nats, "ACCOUNTS", &["accounts.>"]).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut hostile = HandlerSpec::new("hostile", "behave");
+        hostile.subjects = vec!["accounts.hostile".into()];
+        hostile.extra = format!("retry_delay = \"100ms\"\n{hostile_extra}\n");
+        let mut well = HandlerSpec::new("well-behaved", "credit");
+        well.extra = String::new();
+        let cfg = write_config(dir.path(), &nats, &db, &[hostile, well]);
+        let host = RunningHost::start(&cfg).await;
+        let js = nats.jetstream().await;
+        Arena {
+            host,
+            js,
+            nats,
+            db,
+            _dir: dir,
+        }
+    }
+
+    /// Stops the host (clean shutdown), then drops the broker and database.
+    pub async fn stop(self) -> Summary {
+        let Arena { host, .. } = self;
+        host.stop().await
+    }
+
+    async fn well_behaved(&self, from: i64, to: i64) {
+        for i in from..=to {
+            let p = credit(&format!("evt_w{i}"), Self::WELL_ACCOUNT, i);
+            publish(&self.js, "accounts.credit", &p, &[]).await;
+        }
+    }
+
+    /// Publishes 10 well-behaved credits, the `hostile` payloads (each with
+    /// its own `event_id`), 10 more credits, and last a `credit` op of
+    /// [`Self::HOSTILE_AMOUNT`] to [`Self::HOSTILE_ACCOUNT`] on the hostile
+    /// handler. Waits (`patience` at most) until every hostile message is
+    /// processed or dead-lettered, then asserts that the well-behaved handler
+    /// processed exactly its 20 credits, the hostile handler's final credit
+    /// committed, and the only hostile receipt is that credit's. Hostile
+    /// messages that end processed are listed in `processed_ids`.
+    pub async fn run(
+        &self,
+        hostile: &[serde_json::Value],
+        processed_ids: &[&str],
+        patience: Duration,
+    ) -> ArenaRun {
+        self.well_behaved(1, 10).await;
+        let started = Instant::now();
+        for p in hostile {
+            publish(&self.js, "accounts.hostile", &p.to_string(), &[]).await;
+        }
+        self.well_behaved(11, 20).await;
+        let ok = serde_json::json!({
+            "op": "credit", "event_id": "evt_ok",
+            "account_id": Self::HOSTILE_ACCOUNT, "amount": Self::HOSTILE_AMOUNT,
+        });
+        publish(&self.js, "accounts.hostile", &ok.to_string(), &[]).await;
+        let settled = hostile.len() as u64 + 1;
+        let deadline = Instant::now() + patience;
+        let stats = loop {
+            let s = self.host.stats("hostile");
+            if s.processed + s.dead_lettered >= settled {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hostile messages not settled within {patience:?}; stats {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let elapsed = started.elapsed();
+        let well = self
+            .host
+            .wait_for("well-behaved", "20 credits", |s| s.processed == 20)
+            .await;
+        assert_eq!(
+            (
+                well.delivered,
+                well.duplicates,
+                well.retried,
+                well.dead_lettered,
+                well.traps
+            ),
+            (20, 0, 0, 0, 0),
+            "well-behaved: {well}"
+        );
+        assert_eq!(self.db.balance(Self::WELL_ACCOUNT).await, Some(210));
+        assert_eq!(self.db.receipts("well-behaved").await, 20);
+        assert!(self.db.dead_letters("well-behaved").await.is_empty());
+        assert_eq!(
+            self.db.balance(Self::HOSTILE_ACCOUNT).await,
+            Some(Self::HOSTILE_AMOUNT)
+        );
+        let mut ids: Vec<&str> = processed_ids.to_vec();
+        ids.push("evt_ok");
+        ids.sort_unstable();
+        assert_eq!(self.db.receipt_ids("hostile").await, ids);
+        ArenaRun {
+            stats,
+            dead_letters: self.db.dead_letters("hostile").await,
+            elapsed,
+        }
+    }
+}
+
+/// What the dead-letter reason of one hostile message must be.
+pub enum Reason {
+    Exact(String),
+    Prefix(String),
+}
+
+impl Reason {
+    pub fn matches(&self, reason: &str) -> bool {
+        match self {
+            Reason::Exact(want) => reason == want,
+            Reason::Prefix(want) => reason.starts_with(want.as_str()),
+        }
+    }
+}
+
+/// One hostile statement for [`Arena::refused`]: the `behave` op that runs
+/// it (`sql`: execute, rejects with `"<kind>: <message>"` on an error;
+/// `query`: rejects with `"rows <columns> <rows>"`), its text, and the
+/// dead-letter reason expected.
+pub struct Case {
+    pub op: &'static str,
+    pub sql: String,
+    pub reason: Reason,
+}
+
+impl Case {
+    pub fn exact(op: &'static str, sql: impl Into<String>, reason: impl Into<String>) -> Self {
+        Case {
+            op,
+            sql: sql.into(),
+            reason: Reason::Exact(reason.into()),
+        }
+    }
+
+    pub fn prefix(op: &'static str, sql: impl Into<String>, reason: impl Into<String>) -> Self {
+        Case {
+            op,
+            sql: sql.into(),
+            reason: Reason::Prefix(reason.into()),
+        }
+    }
+
+    /// Refused as not SELECT / INSERT / UPDATE / DELETE; `word` is the
+    /// statement's first word as the guard re-prints it.
+    pub fn not_dml(op: &'static str, sql: &str, word: &str) -> Self {
+        Self::exact(
+            op,
+            sql,
+            format!(
+                "rejected: denied: {word} statements are not allowed; a handler runs only \
+                 SELECT, INSERT, UPDATE or DELETE in the host's transaction"
+            ),
+        )
+    }
+
+    /// A query refused for calling function `name` (as written).
+    pub fn function(sql: &str, name: &str) -> Self {
+        Self::prefix(
+            "query",
+            sql,
+            format!("rejected: denied: function `{name}` is not allowed in handler SQL"),
+        )
+    }
+
+    /// Refused because it does not parse.
+    pub fn syntax(op: &'static str, sql: &str) -> Self {
+        Self::prefix(
+            op,
+            sql,
+            "rejected: syntax: statement does not parse: sql parser error: ",
+        )
+    }
+}
+
+impl Arena {
+    /// The tables an arena for SQL cases starts with: `accounts` with a
+    /// canary row 500 (the credit migrations find the table there), and
+    /// `other_accounts`, which exists but no handler is granted.
+    pub const SQL_SETUP: &[&str] = &[
+        "CREATE TABLE accounts (account_id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
+        "INSERT INTO accounts (account_id, balance) VALUES (500, 5000)",
+        "CREATE TABLE other_accounts (account_id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
+        "INSERT INTO other_accounts (account_id, balance) VALUES (1, 100), (2, 200)",
+    ];
+
+    /// Runs every case as [`Arena::credit_then`] (message `evt_NN`) through
+    /// [`Arena::run`], and asserts: each is dead-lettered with its reason,
+    /// in order; nothing else failed, trapped or retried; every credit was
+    /// rolled back; [`Arena::intact`] with 3 rows (canary, well-behaved,
+    /// the hostile handler's final credit). For arenas started with
+    /// [`Arena::SQL_SETUP`].
+    pub async fn refused(&self, cases: &[Case], patience: Duration) -> ArenaRun {
+        let payloads: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let then = serde_json::json!({"op": c.op, "sql": c.sql});
+                Self::credit_then(&format!("evt_{i:02}"), then)
+            })
+            .collect();
+        let r = self.run(&payloads, &[], patience).await;
+        let n = cases.len() as u64;
+        let s = r.stats;
+        assert_eq!(
+            (
+                s.delivered,
+                s.processed,
+                s.retried,
+                s.dead_lettered,
+                s.traps
+            ),
+            (n + 1, 1, 0, n, 0),
+            "{s}"
+        );
+        assert_eq!(r.dead_letters.len(), cases.len(), "{:?}", r.dead_letters);
+        let mut wrong = Vec::new();
+        for (i, (c, (id, reason))) in cases.iter().zip(&r.dead_letters).enumerate() {
+            assert_eq!(id.as_deref(), Some(format!("evt_{i:02}").as_str()));
+            if !c.reason.matches(reason) {
+                wrong.push(format!("{}: {:?} gave {reason:?}", c.op, c.sql));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "unexpected reasons:\n{}",
+            wrong.join("\n")
+        );
+        assert_eq!(self.db.balance(Self::VICTIM).await, None);
+        self.intact(3).await;
+        r
+    }
+
+    /// The canary row and `other_accounts` ([`Arena::SQL_SETUP`]) are
+    /// unchanged and `accounts` holds `rows` rows.
+    pub async fn intact(&self, rows: i64) {
+        assert_eq!(self.db.balance(500).await, Some(5000));
+        assert_eq!(
+            self.db.scalar("SELECT count(*) FROM accounts").await,
+            Some(rows)
+        );
+        assert_eq!(
+            self.db
+                .scalar("SELECT CAST(count(*) * 1000 + sum(balance) AS BIGINT) FROM other_accounts")
+                .await,
+            Some(2300)
+        );
+    }
+}
+
 /// A credit event payload.
 pub fn credit(event_id: &str, account: i64, amount: i64) -> String {
     serde_json::json!({"event_id": event_id, "account_id": account, "amount": amount}).to_string()
 }
 
 /// Expands to one `#[tokio::test]` per backend: `NAME_postgres`, `NAME_sqlite`.
+/// The long form adds attributes to one backend's test, e.g.
+/// `on_both_databases!(n, n, postgres: [], sqlite: [#[ignore = "bug: ..."]]);`
 #[macro_export]
 macro_rules! on_both_databases {
+    ($name:ident, $body:ident, postgres: [$(#[$pg:meta])*], sqlite: [$(#[$sq:meta])*]) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$pg])*
+            async fn postgres() {
+                super::$body($crate::Backend::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$sq])*
+            async fn sqlite() {
+                super::$body($crate::Backend::Sqlite).await
+            }
+        }
+    };
     ($name:ident, $body:ident) => {
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,15 @@
 //! - `log` `{bytes, lines?}`: logs `lines` lines (default 1) of `bytes` bytes each.
 //! - `retry-once-then-credit` `{account_id, amount}`: retries on the first
 //!   delivery, credits on later ones.
+//! - `credit-then` `{account_id, amount, then: {op, ...}}`: credits, then
+//!   behaves as the `then` object says (so a test sees a hostile step roll
+//!   back an earlier write of the same message).
+//! - `recurse` `{shadow?}`: recurses without end. By default nothing lives in
+//!   linear memory, so the wasm call stack runs out; with `shadow: true` each
+//!   call keeps a 4 KiB buffer on the shadow stack in linear memory, which
+//!   overflows first.
+//! - `huge-error` `{fill, repeat, kind?}`: returns `reject` (`retry` when
+//!   `kind` is `"retry"`) with `fill` repeated `repeat` times as the reason.
 //!
 //! Anything else (or bad JSON) rejects with a reason starting `bad payload`.
 
@@ -84,70 +93,110 @@ impl Handler for Behave {
     fn handle(msg: Message) -> Result<(), HandlerError> {
         let p: Json = serde_json::from_slice(&msg.payload)
             .map_err(|e| HandlerError::reject(format!("bad payload: {e}")))?;
-        let reason = || {
-            p.get("reason")
-                .and_then(Json::as_str)
-                .unwrap_or("asked to")
-                .to_owned()
-        };
-        match text(&p, "op")? {
-            "credit" => credit(&p),
-            "retry" => Err(HandlerError::Retry(reason())),
-            "reject" => Err(HandlerError::Reject(reason())),
-            "trap" => panic!("asked to trap"),
-            "loop" => {
-                let mut n: u64 = 0;
-                loop {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
+        behave(&p, &msg)
+    }
+}
+
+/// Recurses until a stack runs out (see the `recurse` op). `shadow` keeps a
+/// 4 KiB buffer per call in linear memory; without it nothing is spilled
+/// there (no `black_box`, which takes an address) and only the wasm call
+/// stack grows. The work after the call keeps it from becoming a loop.
+#[inline(never)]
+fn recurse(depth: u64, shadow: bool) -> u64 {
+    if depth == u64::MAX {
+        // Never reached: a stack runs out long before.
+        0
+    } else if shadow {
+        let mut frame = [0u8; 4096];
+        frame[(depth % 4096) as usize] = 1;
+        std::hint::black_box(&mut frame);
+        let below = recurse(depth + 1, shadow);
+        below + u64::from(std::hint::black_box(&frame)[(depth % 4096) as usize])
+    } else {
+        recurse(depth + 1, shadow).wrapping_mul(3) ^ depth
+    }
+}
+
+fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
+    let reason = || {
+        p.get("reason")
+            .and_then(Json::as_str)
+            .unwrap_or("asked to")
+            .to_owned()
+    };
+    match text(p, "op")? {
+        "credit" => credit(p),
+        "retry" => Err(HandlerError::Retry(reason())),
+        "reject" => Err(HandlerError::Reject(reason())),
+        "trap" => panic!("asked to trap"),
+        "loop" => {
+            let mut n: u64 = 0;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
             }
-            "membomb" => {
-                let mut hoard: Vec<Vec<u8>> = Vec::new();
-                loop {
-                    hoard.push(vec![1u8; 1 << 20]);
-                    std::hint::black_box(&hoard);
-                }
-            }
-            "sql" => {
-                let sql = text(&p, "sql")?;
-                let params = params_of(&p);
-                let repeat = p.get("repeat").and_then(Json::as_u64).unwrap_or(1);
-                for _ in 0..repeat {
-                    tx::execute(sql, &params).map_err(db_reject)?;
-                }
-                Ok(())
-            }
-            "query" => {
-                let rows = tx::query(text(&p, "sql")?, &params_of(&p)).map_err(db_reject)?;
-                let data: Vec<Json> = rows
-                    .rows
-                    .iter()
-                    .map(|r| Json::Array(r.iter().map(to_json).collect()))
-                    .collect();
-                Err(HandlerError::Reject(format!(
-                    "rows {} {}",
-                    Json::from(rows.columns.clone()),
-                    Json::Array(data)
-                )))
-            }
-            "log" => {
-                let line = "x".repeat(usize::try_from(int(&p, "bytes")?).unwrap_or(0));
-                for _ in 0..p.get("lines").and_then(Json::as_u64).unwrap_or(1) {
-                    idem_guest::log::info(&line);
-                }
-                Ok(())
-            }
-            "retry-once-then-credit" => {
-                if msg.delivery_count <= 1 {
-                    Err(HandlerError::retry("first delivery"))
-                } else {
-                    credit(&p)
-                }
-            }
-            other => Err(HandlerError::reject(format!(
-                "bad payload: unknown op `{other}`"
-            ))),
         }
+        "membomb" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![1u8; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
+        "sql" => {
+            let sql = text(p, "sql")?;
+            let params = params_of(p);
+            let repeat = p.get("repeat").and_then(Json::as_u64).unwrap_or(1);
+            for _ in 0..repeat {
+                tx::execute(sql, &params).map_err(db_reject)?;
+            }
+            Ok(())
+        }
+        "query" => {
+            let rows = tx::query(text(p, "sql")?, &params_of(p)).map_err(db_reject)?;
+            let data: Vec<Json> = rows
+                .rows
+                .iter()
+                .map(|r| Json::Array(r.iter().map(to_json).collect()))
+                .collect();
+            Err(HandlerError::Reject(format!(
+                "rows {} {}",
+                Json::from(rows.columns.clone()),
+                Json::Array(data)
+            )))
+        }
+        "log" => {
+            let line = "x".repeat(usize::try_from(int(p, "bytes")?).unwrap_or(0));
+            for _ in 0..p.get("lines").and_then(Json::as_u64).unwrap_or(1) {
+                idem_guest::log::info(&line);
+            }
+            Ok(())
+        }
+        "credit-then" => {
+            credit(p)?;
+            behave(field(p, "then")?, msg)
+        }
+        "recurse" => {
+            let shadow = p.get("shadow").and_then(Json::as_bool).unwrap_or(false);
+            let depth = recurse(0, shadow);
+            Err(HandlerError::Reject(format!("recursion ended at {depth}")))
+        }
+        "huge-error" => {
+            let reason = text(p, "fill")?.repeat(usize::try_from(int(p, "repeat")?).unwrap_or(0));
+            match p.get("kind").and_then(Json::as_str) {
+                Some("retry") => Err(HandlerError::Retry(reason)),
+                _ => Err(HandlerError::Reject(reason)),
+            }
+        }
+        "retry-once-then-credit" => {
+            if msg.delivery_count <= 1 {
+                Err(HandlerError::retry("first delivery"))
+            } else {
+                credit(p)
+            }
+        }
+        other => Err(HandlerError::reject(format!(
+            "bad payload: unknown op `{other}`"
+        ))),
     }
 }
 
