@@ -124,6 +124,11 @@ pub struct HandlerConfig {
     /// at the handler's processing rate. Default 16.
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
+    /// Time bound on each statement of a message's transaction (PostgreSQL
+    /// `SET LOCAL statement_timeout`; on SQLite, on the transaction from
+    /// BEGIN). Default: the handler's `deadline`.
+    #[serde(default, with = "humantime_serde")]
+    pub statement_timeout: Option<Duration>,
     /// Most statements (`execute` + `query`) one message may run. Default 1000.
     #[serde(default = "default_max_statements")]
     pub max_statements: u32,
@@ -218,7 +223,29 @@ impl<'de> Deserialize<'de> for IdentityRule {
     }
 }
 
+impl HandlerConfig {
+    /// The effective statement timeout: `statement_timeout`, else `deadline`.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout.unwrap_or(self.deadline)
+    }
+}
+
 impl Config {
+    /// How long a SQLite transaction may wait for the single write lock: past
+    /// the longest time any handler's transaction can hold it (deadline or
+    /// statement timeout, plus the runtime's grace for a guest blocked
+    /// outside wasm), with a margin, so a slow handler delays the others
+    /// instead of failing them with "database is locked".
+    pub fn lock_wait(&self) -> Duration {
+        let longest = self
+            .handlers
+            .iter()
+            .map(|h| h.deadline.max(h.statement_timeout()))
+            .max()
+            .unwrap_or_default();
+        longest * 2 + Duration::from_secs(5)
+    }
+
     /// Reads, parses and validates `path`; resolves relative paths against its directory.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -288,9 +315,9 @@ impl Config {
                     h.name
                 ));
             }
-            if h.deadline.is_zero() {
+            if h.deadline.is_zero() || h.statement_timeout().is_zero() {
                 return Err(format!(
-                    "handler `{}`: deadline must be more than 0s",
+                    "handler `{}`: deadline and statement_timeout must be more than 0s",
                     h.name
                 ));
             }

@@ -33,6 +33,9 @@ pub struct Pipeline {
     pub max_deliver: u32,
     pub pull_batch: usize,
     pub retry_delay: Duration,
+    pub statement_timeout: Duration,
+    /// PostgreSQL role the guest's statements run as (defence in depth), if set up.
+    pub db_role: Option<String>,
     pub module: Arc<HandlerModule>,
     pub guard: Arc<SqlGuard>,
     pub limits: Limits,
@@ -74,6 +77,8 @@ impl Pipeline {
             max_deliver: cfg.max_deliver,
             pull_batch: cfg.pull_batch,
             retry_delay: cfg.retry_delay,
+            statement_timeout: cfg.statement_timeout(),
+            db_role: None,
             guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
             module,
             limits,
@@ -128,7 +133,7 @@ impl Pipeline {
                 }
             };
 
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
             Err(e) => {
                 return self
@@ -143,7 +148,16 @@ impl Pipeline {
             module_digest: self.module.digest(),
         };
         match tx.insert_receipt(&receipt).await {
-            Ok(true) => {}
+            Ok(true) => {
+                if let Some(role) = &self.db_role
+                    && let Err(e) = tx.enter_handler_role(role).await
+                {
+                    let _ = tx.rollback().await;
+                    return self
+                        .store_failed(msg, &identity, "SET LOCAL ROLE", e.to_string())
+                        .await;
+                }
+            }
             Ok(false) => {
                 if let Err(e) = tx.rollback().await {
                     tracing::warn!(handler = %self.name, %identity, error = %e, "rollback of a duplicate failed");
@@ -194,8 +208,17 @@ impl Pipeline {
                 Outcome::Processed
             }
             Err(failure) => {
-                if let Err(e) = tx.rollback().await {
-                    tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
+                // Bounded: a statement the runtime abandoned at the deadline is
+                // cancelled by the statement timeout, then the rollback runs.
+                let bound = self.statement_timeout + Duration::from_secs(5);
+                match tokio::time::timeout(bound, tx.rollback()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
+                    }
+                    Err(_) => {
+                        tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
+                    }
                 }
                 let (reason, permanent) = match &failure {
                     HandlerFailure::Reject(r) => (format!("rejected: {r}"), true),

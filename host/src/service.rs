@@ -51,7 +51,12 @@ impl Host {
             modules.push(module);
         }
         let db = Arc::new(
-            Database::connect(&config.database.url, config.database.max_connections).await?,
+            Database::connect_with(
+                &config.database.url,
+                config.database.max_connections,
+                config.lock_wait(),
+            )
+            .await?,
         );
         db.prepare_host_tables().await?;
         for h in &config.handlers {
@@ -70,7 +75,15 @@ impl Host {
         for (h, module) in config.handlers.iter().zip(modules) {
             let consumer = broker::ensure_consumer(&js, h, 1000).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
-            let pipeline = Arc::new(Pipeline::new(h, module, runtime.clone(), db.clone()));
+            let mut pipeline = Pipeline::new(h, module, runtime.clone(), db.clone());
+            pipeline.db_role = match db.prepare_handler_role(&h.name, &h.tables).await {
+                Ok(role) => role,
+                Err(e) => {
+                    tracing::warn!(handler = %h.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
+                    None
+                }
+            };
+            let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler { pipeline, consumer });
         }
         Ok(Self { handlers })

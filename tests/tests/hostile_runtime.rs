@@ -84,11 +84,7 @@ async fn infinite_loop_default_deadline(backend: Backend) {
 }
 on_both_databases!(
     infinite_loop_default_deadline,
-    infinite_loop_default_deadline,
-    postgres: [],
-    sqlite: [#[ignore = "bug: SQLite busy_timeout (5 s) is not longer than the default deadline (5 s): \
-        the well-behaved handler's BEGIN IMMEDIATE fails with `database is locked` while the \
-        looping guest holds the write lock, and its message is naked (retried=1)"]]
+    infinite_loop_default_deadline
 );
 
 async fn memory_bomb(backend: Backend) {

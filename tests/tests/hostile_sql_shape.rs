@@ -312,16 +312,7 @@ async fn statement_that_never_ends(backend: Backend) {
         .await
         .expect("the host stops");
 }
-on_both_databases!(
-    statement_that_never_ends,
-    statement_that_never_ends,
-    postgres: [#[ignore = "bug: no statement timeout or cancel: at the deadline the runtime drops the \
-        statement future, the query keeps running in PostgreSQL, and the pipeline's ROLLBACK on that \
-        connection waits for it forever; the handler is wedged and the host cannot stop"]],
-    sqlite: [#[ignore = "bug: no interrupt: at the deadline the query keeps running in SQLite's worker \
-        thread holding the write lock (BEGIN IMMEDIATE); every handler's BEGIN fails with \
-        `database is locked`, forever"]]
-);
+on_both_databases!(statement_that_never_ends, statement_that_never_ends);
 
 async fn statement_budget_and_size(backend: Backend) {
     let a = arena(backend, "").await;

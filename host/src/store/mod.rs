@@ -18,6 +18,7 @@
 //! and carry on (on PostgreSQL an error would otherwise abort the whole
 //! transaction, and a later `COMMIT` would silently roll back).
 
+mod pg_role;
 mod postgres;
 mod sqlite;
 pub mod value;
@@ -28,6 +29,10 @@ use crate::sql_guard::CheckedSql;
 use anyhow::Context as _;
 use sha2::Digest as _;
 use std::path::Path;
+use std::time::Duration;
+
+/// SQLite busy timeout used by [`Database::connect`].
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// The receipt for one message: written first in its transaction.
 #[derive(Debug, Clone)]
@@ -129,6 +134,12 @@ pub enum Tx {
 /// longer than 38 bytes (cut to 38), the first 8 hex digits of its SHA-256 are
 /// appended, so distinct handlers never share a table and the name fits 63 bytes.
 pub fn migrations_table(handler: &str) -> String {
+    handler_ident("idem_migrations_", handler)
+}
+
+/// `prefix` + `handler` as a PostgreSQL identifier of at most 63 bytes; see
+/// [`migrations_table`] for the rule.
+fn handler_ident(prefix: &str, handler: &str) -> String {
     let clean: String = handler
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -136,32 +147,45 @@ pub fn migrations_table(handler: &str) -> String {
             _ => '_',
         })
         .collect();
-    // PostgreSQL truncates identifiers past 63 bytes: 16 + 38 + 1 + 8 = 63.
-    const MAX_CLEAN: usize = 38;
-    if clean == handler && clean.len() <= MAX_CLEAN {
-        format!("idem_migrations_{clean}")
+    // PostgreSQL truncates identifiers past 63 bytes: prefix + clean + '_' + 8 hex.
+    let max_clean = 63 - prefix.len() - 9;
+    if clean == handler && clean.len() <= max_clean {
+        format!("{prefix}{clean}")
     } else {
         let digest = hex::encode(sha2::Sha256::digest(handler.as_bytes()));
-        let short: String = clean.chars().take(MAX_CLEAN).collect();
-        format!("idem_migrations_{short}_{}", &digest[..8])
+        let short: String = clean.chars().take(max_clean).collect();
+        format!("{prefix}{short}_{}", &digest[..8])
     }
 }
 
 impl Database {
+    /// [`Database::connect_with`] with a 5 s SQLite lock wait.
+    pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Self> {
+        Self::connect_with(url, max_connections, DEFAULT_LOCK_WAIT).await
+    }
+
     /// Opens a pool of up to `max_connections` to `url`: `postgres://…` /
     /// `postgresql://…`, or `sqlite://path` (the file is created if missing;
-    /// WAL journal, busy timeout 5 s, `synchronous=FULL`, foreign keys on).
+    /// WAL journal, busy timeout `lock_wait`, `synchronous=FULL`, foreign keys on).
     /// `sqlite::memory:` uses one connection that is never closed.
+    ///
+    /// `lock_wait` must exceed the longest time a transaction may hold
+    /// SQLite's single write lock (a handler's deadline), or other handlers'
+    /// `BEGIN IMMEDIATE` give up with "database is locked" instead of waiting.
     ///
     /// Errors: one line, `cannot connect to database <url without password>:
     /// <cause>; check [database] url`.
-    pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Self> {
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        lock_wait: Duration,
+    ) -> anyhow::Result<Self> {
         let result = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             postgres::connect(url, max_connections)
                 .await
                 .map(Database::Postgres)
         } else if url.starts_with("sqlite:") {
-            sqlite::connect(url, max_connections)
+            sqlite::connect(url, max_connections, lock_wait)
                 .await
                 .map(Database::Sqlite)
         } else {
@@ -237,6 +261,24 @@ impl Database {
         })
     }
 
+    /// [`Database::begin`], with every statement of the transaction bounded in
+    /// time, so a runaway guest statement cannot outlive its handler's deadline:
+    /// - PostgreSQL: `SET LOCAL statement_timeout` (via `set_config(..., true)`),
+    ///   each statement cancelled by the server after `timeout`
+    ///   (SQLSTATE 57014); scoped to this transaction only.
+    /// - SQLite: a progress handler interrupts any statement still running
+    ///   `timeout` after BEGIN (SQLITE_INTERRUPT), so no transaction holds the
+    ///   write lock much past it. Removed before COMMIT and when the
+    ///   connection returns to the pool.
+    pub async fn begin_bounded(&self, timeout: Duration) -> Result<Tx, StoreError> {
+        let mut tx = self.begin().await?;
+        match &mut tx {
+            Tx::Postgres(tx) => postgres::set_statement_timeout(tx, timeout).await?,
+            Tx::Sqlite(tx) => sqlite::set_time_budget(tx, timeout).await?,
+        }
+        Ok(tx)
+    }
+
     /// Writes a dead letter in its own transaction, durable when this
     /// returns. A second call for the same `(consumer, stream, stream_sequence)`
     /// writes nothing and succeeds.
@@ -266,6 +308,25 @@ impl Database {
             Database::Postgres(pool) => postgres::dead_letters(pool, consumer).await,
             Database::Sqlite(pool) => sqlite::dead_letters(pool, consumer).await,
         }?)
+    }
+
+    /// PostgreSQL only: prepares `handler`'s own role (see the `pg_role`
+    /// module), holding privileges on `tables` only, and returns its name for
+    /// [`Tx::enter_handler_role`]. `Ok(None)` on SQLite, which has no roles.
+    /// Errors: the connecting user may not create roles or grant on a table.
+    pub async fn prepare_handler_role(
+        &self,
+        handler: &str,
+        tables: &[String],
+    ) -> Result<Option<String>, StoreError> {
+        match self {
+            Database::Postgres(pool) => {
+                let role = handler_ident("idem_handler_", handler);
+                pg_role::prepare(pool, &role, tables).await?;
+                Ok(Some(role))
+            }
+            Database::Sqlite(_) => Ok(None),
+        }
     }
 
     /// Closes the pool, waiting for connections to be returned.
@@ -327,7 +388,21 @@ impl Tx {
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
             Tx::Postgres(tx) => tx.commit().await?,
-            Tx::Sqlite(tx) => tx.commit().await?,
+            Tx::Sqlite(mut tx) => {
+                // A time budget running out must not interrupt the COMMIT itself.
+                tx.lock_handle().await?.remove_progress_handler();
+                tx.commit().await?
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the rest of this transaction as `role` (from
+    /// [`Database::prepare_handler_role`]): call it after the receipt insert,
+    /// before the guest's statements. A no-op on SQLite.
+    pub async fn enter_handler_role(&mut self, role: &str) -> Result<(), StoreError> {
+        if let Tx::Postgres(tx) = self {
+            pg_role::enter(tx, role).await?;
         }
         Ok(())
     }

@@ -347,3 +347,18 @@ fn map_error(e: sqlx::Error) -> DbError {
         },
     }
 }
+
+/// `SET LOCAL statement_timeout` for the rest of `tx`, in whole milliseconds
+/// (at least 1: 0 would mean no timeout). PostgreSQL cancels a statement that
+/// runs longer with SQLSTATE 57014 (query_canceled).
+pub(super) async fn set_statement_timeout(
+    tx: &mut Transaction<'static, Postgres>,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
+    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(ms)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

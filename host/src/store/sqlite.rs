@@ -58,14 +58,26 @@ const HOST_TABLES: [&str; 3] = [
     ),
 ];
 
-pub(super) async fn connect(url: &str, max_connections: u32) -> Result<SqlitePool, sqlx::Error> {
+pub(super) async fn connect(
+    url: &str,
+    max_connections: u32,
+    lock_wait: Duration,
+) -> Result<SqlitePool, sqlx::Error> {
     let options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(5))
+        .busy_timeout(lock_wait)
         .foreign_keys(true);
-    let pool = SqlitePoolOptions::new().acquire_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .acquire_timeout(lock_wait + Duration::from_secs(10))
+        // A transaction's time budget (`set_time_budget`) ends with it.
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                conn.lock_handle().await?.remove_progress_handler();
+                Ok(true)
+            })
+        });
     // An in-memory database lives and dies with its one connection.
     let pool = if url.contains(":memory:") || url.contains("mode=memory") {
         pool.max_connections(1)
@@ -301,4 +313,18 @@ fn map_error(e: sqlx::Error) -> DbError {
             message: one_line(&e.to_string()),
         },
     }
+}
+
+/// Interrupts (SQLITE_INTERRUPT) any statement of `tx` still running
+/// `budget` after now, checked every 1000 virtual machine instructions
+/// (<https://www.sqlite.org/c3ref/progress_handler.html>).
+pub(super) async fn set_time_budget(
+    tx: &mut Transaction<'static, Sqlite>,
+    budget: Duration,
+) -> Result<(), sqlx::Error> {
+    let until = std::time::Instant::now() + budget;
+    tx.lock_handle()
+        .await?
+        .set_progress_handler(1000, move || std::time::Instant::now() < until);
+    Ok(())
 }

@@ -5,18 +5,26 @@
 /// One SQL value, bound to a `$n` placeholder or read from a result column.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SqlValue {
+    /// SQL NULL. As a PostgreSQL parameter it has no declared type, so it fits any column.
     Null,
+    /// A 64-bit integer (PostgreSQL `int2/int4/int8`, SQLite INTEGER).
     Integer(i64),
+    /// A double (PostgreSQL `float4/float8`, SQLite REAL).
     Float(f64),
+    /// UTF-8 text (PostgreSQL `text/varchar/char(n)/name`, SQLite TEXT).
     Text(String),
+    /// Raw bytes (PostgreSQL `bytea`, SQLite BLOB).
     Bytes(Vec<u8>),
+    /// A boolean (PostgreSQL `bool`; SQLite stores it as INTEGER 0/1 and reads it back as `Integer`).
     Boolean(bool),
 }
 
 /// Rows returned by a query: column names, then each row's values in column order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rows {
+    /// Column names in order; empty when the query returned no row.
     pub columns: Vec<String>,
+    /// Each row's values, in column order.
     pub rows: Vec<Vec<SqlValue>>,
 }
 
@@ -40,7 +48,9 @@ pub enum DbErrorKind {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{kind:?}: {message}")]
 pub struct DbError {
+    /// What kind of failure (from the code, never the text).
     pub kind: DbErrorKind,
+    /// One line for a person; database errors end with `(SQLSTATE xxxxx)` or `(SQLite code n)`.
     pub message: String,
 }
 

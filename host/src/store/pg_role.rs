@@ -1,0 +1,96 @@
+//! PostgreSQL defence in depth: one role per handler that holds privileges on
+//! that handler's granted tables only, switched on for the guest's part of each
+//! transaction (`set_config('role', …, true)`, i.e. `SET LOCAL ROLE`).
+//!
+//! The SQL guard is the first line; this role means a statement the guard
+//! wrongly let through still meets PostgreSQL's own permission check
+//! (SQLSTATE 42501, which the guest sees as `denied`). The receipt is
+//! inserted before the switch, as the host's own user: the role has no
+//! privilege on any `idem_*` table.
+
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// Serialises role set-up across hosts starting at once (CREATE ROLE is not idempotent).
+const ROLE_SETUP_LOCK: i64 = 0x6964_656d_0002;
+
+/// Quotes `name` as a PostgreSQL identifier. Names in config are matched the
+/// way the guard matches them (unquoted, so case-folded to lower case).
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.to_lowercase().replace('"', "\"\""))
+}
+
+/// Creates (if missing) the NOLOGIN role `role`, makes the connecting user a
+/// member so it may switch to it, and grants it exactly SELECT, INSERT,
+/// UPDATE, DELETE on `tables` plus USAGE on the sequences those tables own
+/// (`serial` columns). Privileges granted earlier on tables no longer listed
+/// are revoked. Errors: the connecting user lacks CREATEROLE or the grant
+/// option on a table (the caller then runs without the role, and says so).
+pub(super) async fn prepare(
+    pool: &PgPool,
+    role: &str,
+    tables: &[String],
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(ROLE_SETUP_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(role)
+            .fetch_one(&mut *tx)
+            .await?;
+    let r = ident(role);
+    let mut ddl = Vec::new();
+    if !exists {
+        ddl.push(format!("CREATE ROLE {r} NOLOGIN"));
+    }
+    ddl.push(format!("GRANT {r} TO CURRENT_USER"));
+    // Start from nothing on every table the role may hold rights on, then grant the list.
+    let held: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT quote_ident(table_schema) || '.' || quote_ident(table_name) \
+         FROM information_schema.role_table_grants WHERE grantee = $1",
+    )
+    .bind(role)
+    .fetch_all(&mut *tx)
+    .await?;
+    for t in held {
+        ddl.push(format!("REVOKE ALL ON TABLE {t} FROM {r}"));
+    }
+    for t in tables {
+        ddl.push(format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {r}",
+            ident(t)
+        ));
+        let sequences: Vec<String> = sqlx::query_scalar(
+            "SELECT s.oid::regclass::text FROM pg_class s \
+             JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid AND d.deptype IN ('a', 'i') \
+             WHERE s.relkind = 'S' AND d.refobjid = to_regclass($1)",
+        )
+        .bind(ident(t))
+        .fetch_all(&mut *tx)
+        .await?;
+        for s in sequences {
+            ddl.push(format!("GRANT USAGE ON SEQUENCE {s} TO {r}"));
+        }
+    }
+    for statement in ddl {
+        // Identifiers quoted by `ident` or printed by PostgreSQL itself; no guest text.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// Switches the rest of `tx` to `role` (`SET LOCAL ROLE`).
+pub(super) async fn enter(
+    tx: &mut Transaction<'static, Postgres>,
+    role: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT set_config('role', $1, true)")
+        .bind(role)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

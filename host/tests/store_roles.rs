@@ -1,0 +1,123 @@
+//! PostgreSQL defence in depth: a handler's statements run as its own role,
+//! which holds privileges on its granted tables only. A statement that got
+//! past the SQL guard (here: a guard granting more than the role) still
+//! meets PostgreSQL's permission check, seen by the guest as `denied`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem::sql_guard::SqlGuard;
+use idem::store::{Database, DbErrorKind, Receipt, SqlValue};
+use sqlx::AssertSqlSafe;
+
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+async fn raw(db: &Database, sql: &str) {
+    let Database::Postgres(p) = db else {
+        unreachable!()
+    };
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(p)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+#[tokio::test]
+async fn handler_role_holds_only_its_granted_tables() {
+    let db = Database::connect(PG_URL, 2).await.unwrap();
+    db.prepare_host_tables().await.unwrap();
+    let n = format!(
+        "{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let (mine, secret, handler) = (
+        format!("mine_{n}"),
+        format!("secret_{n}"),
+        format!("role-test-{n}"),
+    );
+    raw(
+        &db,
+        &format!("CREATE TABLE {mine} (id BIGSERIAL PRIMARY KEY, v BIGINT NOT NULL)"),
+    )
+    .await;
+    raw(&db, &format!("CREATE TABLE {secret} (v BIGINT)")).await;
+    raw(&db, &format!("INSERT INTO {secret} VALUES (42)")).await;
+
+    let role = db
+        .prepare_handler_role(&handler, std::slice::from_ref(&mine))
+        .await
+        .unwrap()
+        .unwrap();
+    // Twice: idempotent, as when several hosts start.
+    assert_eq!(
+        db.prepare_handler_role(&handler, std::slice::from_ref(&mine))
+            .await
+            .unwrap(),
+        Some(role.clone())
+    );
+
+    // The guard is told both tables are granted; the role knows better.
+    let guard = SqlGuard::new(db.kind(), &[mine.clone(), secret.clone()]);
+    let mut tx = db.begin().await.unwrap();
+    let receipt = Receipt {
+        consumer: &handler,
+        message_id: "m1",
+        stream_sequence: 1,
+        module_digest: "d",
+    };
+    assert!(tx.insert_receipt(&receipt).await.unwrap());
+    tx.enter_handler_role(&role).await.unwrap();
+
+    // Its own table, serial column included (sequence usage granted).
+    let ins = guard
+        .check(&format!("INSERT INTO {mine} (v) VALUES ($1)"))
+        .unwrap();
+    assert_eq!(tx.execute(&ins, &[SqlValue::Integer(7)]).await.unwrap(), 1);
+    // Another table: PostgreSQL refuses, the transaction goes on.
+    let sel = guard.check(&format!("SELECT v FROM {secret}")).unwrap();
+    let err = tx.query(&sel, &[], 10).await.unwrap_err();
+    assert_eq!(err.kind, DbErrorKind::Denied, "{err:?}");
+    let upd = guard.check(&format!("UPDATE {secret} SET v = 0")).unwrap();
+    assert_eq!(
+        tx.execute(&upd, &[]).await.unwrap_err().kind,
+        DbErrorKind::Denied
+    );
+    tx.commit().await.unwrap();
+
+    assert_eq!(db.receipt_count(&handler).await.unwrap(), 1);
+    let Database::Postgres(p) = &db else {
+        unreachable!()
+    };
+    let v: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT v FROM {mine}")))
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert_eq!(v, 7);
+    let s: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT v FROM {secret}")))
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert_eq!(s, 42);
+    // The role has no privilege on the host's tables.
+    let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'idem_receipts', 'SELECT')")
+        .bind(&role)
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert!(!has);
+
+    sqlx::query("DELETE FROM idem_receipts WHERE consumer = $1")
+        .bind(&handler)
+        .execute(p)
+        .await
+        .unwrap();
+    raw(
+        &db,
+        &format!(
+            "DROP TABLE {mine}; DROP TABLE {secret}; DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""
+        ),
+    )
+    .await;
+}
