@@ -22,6 +22,8 @@ pub struct HandlerStats {
     pub traps: AtomicU64,
     /// Confirmed acks that failed after a commit (the receipt covers the redelivery).
     pub ack_failures: AtomicU64,
+    /// Guest log output (bytes) dropped by the per-message cap.
+    pub log_bytes_dropped: AtomicU64,
 }
 
 /// A point-in-time copy of [`HandlerStats`].
@@ -34,6 +36,7 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     pub traps: u64,
     pub ack_failures: u64,
+    pub log_bytes_dropped: u64,
 }
 
 impl HandlerStats {
@@ -52,6 +55,7 @@ impl HandlerStats {
             dead_lettered: self.dead_lettered.load(Relaxed),
             traps: self.traps.load(Relaxed),
             ack_failures: self.ack_failures.load(Relaxed),
+            log_bytes_dropped: self.log_bytes_dropped.load(Relaxed),
         }
     }
 }
@@ -60,14 +64,15 @@ impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={}",
             self.delivered,
             self.processed,
             self.duplicates,
             self.retried,
             self.dead_lettered,
             self.traps,
-            self.ack_failures
+            self.ack_failures,
+            self.log_bytes_dropped
         )
     }
 }

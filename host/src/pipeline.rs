@@ -189,6 +189,7 @@ impl Pipeline {
             identity: identity.clone(),
             guard: self.guard.clone(),
             limits: self.limits.clone(),
+            stats: self.stats.clone(),
         };
         let (result, tx) = self
             .runtime

@@ -64,6 +64,7 @@ fn invocation(limits: Limits) -> Invocation {
         identity: "evt-1".into(),
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
+        stats: Arc::default(),
     }
 }
 

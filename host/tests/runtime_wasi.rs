@@ -76,6 +76,7 @@ fn invocation(handler: &str, identity: &str, limits: Limits) -> Invocation {
         identity: identity.into(),
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
+        stats: Arc::default(),
     }
 }
 

@@ -190,6 +190,15 @@ async fn log_flood(backend: Backend) {
         (4, 4, 0, 0, 0),
         "{s}"
     );
+    // Counted exactly (64 KiB cap; a line costs its bytes + 1): the 1 KiB
+    // flood keeps 63 lines and 960 bytes of the 64th, dropping
+    // 64 + 16,320 x 1024; the 8 MiB line keeps 65,535 bytes; empty lines
+    // drop no bytes.
+    assert_eq!(
+        s.log_bytes_dropped,
+        64 + 16_320 * 1024 + ((8 << 20) - 65_535),
+        "{s}"
+    );
     assert!(r.dead_letters.is_empty(), "{:?}", r.dead_letters);
     assert_eq!(a.db.balance(VICTIM).await, Some(5));
     eprintln!("log flood: 3 floods + 1 credit settled in {:?}", r.elapsed);

@@ -235,8 +235,8 @@ impl GuestLog {
     }
 
     /// Logs the unfinished stdout/stderr lines and, once, how much output the
-    /// per-message cap dropped.
-    pub(crate) fn finish(&mut self) {
+    /// per-message cap dropped; returns that count in bytes.
+    pub(crate) fn finish(&mut self) -> usize {
         for stream in [Stream::Stdout, Stream::Stderr] {
             if !self.pending[stream.index()].bytes.is_empty() {
                 self.emit(stream);
@@ -253,6 +253,7 @@ impl GuestLog {
                 "guest log output over the per-message cap was dropped"
             );
         }
+        self.dropped_bytes
     }
 }
 

@@ -95,6 +95,9 @@ pub struct Invocation {
     pub guard: Arc<SqlGuard>,
     /// What the call may use.
     pub limits: Limits,
+    /// The handler's counters: the runtime adds the guest log bytes the
+    /// per-message cap dropped to `log_bytes_dropped`.
+    pub stats: Arc<crate::metrics::HandlerStats>,
 }
 
 /// The message as the guest sees it (the WIT `message` record).
@@ -280,7 +283,11 @@ impl Runtime {
             ))),
         };
         let state = store.into_data();
-        state.log.lock().finish();
+        let dropped = state.log.lock().finish();
+        call.stats.log_bytes_dropped.fetch_add(
+            u64::try_from(dropped).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if let Err(failure) = &result {
             tracing::debug!(handler = %call.handler, identity = %call.identity, %failure, "guest call failed");
         }
