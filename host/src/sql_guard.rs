@@ -14,6 +14,9 @@
 //!   table name starts with `pg_` or `sqlite_`;
 //! - every function call is in [`ALLOWED_FUNCTIONS`] (no clocks, randomness,
 //!   sleeps, sequences, settings or file access);
+//! - every cast and typed literal targets a plain value type (no `regclass`,
+//!   `oid`, ...), and on PostgreSQL no string literal names the clock (`'now'`,
+//!   `'today'`, ...): see the `casts` submodule, also for what it cannot see;
 //! - parameters are written `$1..$n`, on both databases.
 //!
 //! The text that reaches the database is the statement re-printed from the
@@ -32,6 +35,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
+
+mod casts;
 
 /// Functions a guest statement may call (matched case-insensitively, never
 /// schema-qualified). Deliberately small: pure value functions and aggregates
@@ -100,8 +105,8 @@ impl CheckedSql {
     /// The text for sqlx on PostgreSQL, followed by a comment naming the
     /// parameter types (`-- idem:itn` for integer, text, null). sqlx caches
     /// prepared statements by text and reuses the parameter types of the first
-    /// preparation; the suffix gives each type signature its own statement, so
-    /// an integer bound where text was bound before is never sent as text.
+    /// preparation; the suffix gives each type signature its own prepared
+    /// statement, so a value is never read under another call's types.
     pub(crate) fn to_sqlx_typed(&self, params: &[SqlValue]) -> sqlx::AssertSqlSafe<String> {
         let mut text = String::with_capacity(self.text.len() + 10 + params.len());
         text.push_str(&self.text);
@@ -567,6 +572,13 @@ impl Visitor for Checker<'_> {
         match expr {
             Expr::Function(f) => self.check_function(f),
             Expr::Convert { .. } => deny("CONVERT is not allowed; use CAST".into()),
+            Expr::Cast {
+                data_type, format, ..
+            } => match format {
+                Some(_) => deny("CAST ... FORMAT is not allowed".into()),
+                None => casts::check_cast_type(data_type),
+            },
+            Expr::TypedString(t) => casts::check_cast_type(&t.data_type),
             _ => ControlFlow::Continue(()),
         }
     }
@@ -574,6 +586,7 @@ impl Visitor for Checker<'_> {
     fn pre_visit_value(&mut self, value: &ValueWithSpan) -> ControlFlow<DbError> {
         match &value.value {
             Value::Placeholder(p) => self.check_placeholder(p),
+            v if self.guard.kind == DbKind::Postgres => casts::check_pg_literal(v),
             _ => ControlFlow::Continue(()),
         }
     }

@@ -532,3 +532,194 @@ fn verdicts_are_cached_and_the_size_is_bounded() {
         "the limit is 65536",
     );
 }
+
+#[test]
+fn casts_to_plain_value_types_pass() {
+    for kind in BOTH {
+        for sql in [
+            "SELECT CAST(balance AS INTEGER), CAST(balance AS REAL), CAST(balance AS TEXT) FROM accounts",
+            "SELECT CAST(x AS BLOB), CAST(x AS NUMERIC), CAST(x AS NUMERIC(10, 2)) FROM accounts",
+            "SELECT x::int, x::int4, x::int8, x::bigint, x::smallint, x::int2 FROM accounts",
+            "SELECT x::decimal(10, 2), x::real, x::float, x::float8, x::double precision FROM accounts",
+            "SELECT x::varchar(10), x::character varying, x::char(2), x::boolean, x::bool FROM accounts",
+            "SELECT x::bytea, x::json, x::jsonb, x::uuid, x::interval FROM accounts",
+            "SELECT x::date, x::time, x::timestamp, x::timestamptz, x::timestamp with time zone FROM accounts",
+            "SELECT TRY_CAST(x AS bigint) FROM accounts",
+            "SELECT $1::timestamptz, CAST($2 AS date)",
+            "SELECT '2024-01-02 03:04:05+00'::timestamptz, CAST('2024-01-02' AS date)",
+            "SELECT TIMESTAMP '2024-01-02 03:04:05', DATE '2024-01-02', TIME '10:00'",
+            "SELECT 'epoch'::timestamp, 'allballs'::time, '1 day'::interval",
+            "SELECT 'knowledge', 'nowhere', 'todays' FROM accounts",
+        ] {
+            allowed(kind, sql);
+        }
+    }
+    assert_eq!(
+        allowed(DbKind::Postgres, "SELECT x::int8 FROM accounts").as_str(),
+        "SELECT x::INT8 FROM accounts"
+    );
+}
+
+#[test]
+fn casts_to_catalog_and_other_types_are_refused() {
+    for kind in BOTH {
+        for (sql, needle) in [
+            (
+                "SELECT 'idem_receipts'::regclass::oid::bigint AS o",
+                "cast to `oid` is not allowed: oids identify system catalog objects",
+            ),
+            (
+                "SELECT 'accounts'::regclass",
+                "cast to `REGCLASS` is not allowed: reg* types look names up in the system catalogs",
+            ),
+            (
+                "SELECT CAST('pg_authid' AS regclass)::text",
+                "cast to `REGCLASS` is not allowed",
+            ),
+            ("SELECT TRY_CAST('x' AS regproc)", "cast to `regproc`"),
+            ("SELECT 'int4'::regtype", "reg* types look names up"),
+            ("SELECT 'public'::regnamespace", "reg* types"),
+            ("SELECT 'postgres'::regrole", "reg* types"),
+            ("SELECT 'now()'::regprocedure", "reg* types"),
+            ("SELECT 'x'::\"regclass\"", "reg* types"),
+            ("SELECT REGCLASS 'accounts'", "cast to `REGCLASS`"),
+            (
+                "SELECT '(0,1)'::tid",
+                "cast to `tid` is not allowed: it exposes server internals",
+            ),
+            ("SELECT '1'::xid", "server internals"),
+            ("SELECT '0/0'::pg_lsn", "cast to `pg_lsn`"),
+            ("SELECT x::pg_snapshot FROM accounts", "server internals"),
+            (
+                "SELECT x::money FROM accounts",
+                "casts may target only plain value types (",
+            ),
+            (
+                "SELECT x::my_enum FROM accounts",
+                "cast to `my_enum` is not allowed",
+            ),
+        ] {
+            refused(kind, sql, DbErrorKind::Denied, needle);
+        }
+    }
+    // On SQLite `oid '1'` is the rowid column with an alias, `[]` a quoted alias.
+    for (sql, needle) in [
+        (
+            "SELECT oid '1'",
+            "cast to `oid` is not allowed: oids identify system catalog objects",
+        ),
+        (
+            "SELECT x::int[] FROM accounts",
+            "cast to `INT[]` is not allowed",
+        ),
+        ("SELECT '{1}'::text[]", "cast to `TEXT[]` is not allowed"),
+        (
+            "SELECT 'accounts'::pg_catalog.regclass",
+            "cast to `pg_catalog.regclass` is not allowed: reg* types",
+        ),
+    ] {
+        refused(DbKind::Postgres, sql, DbErrorKind::Denied, needle);
+    }
+}
+
+#[test]
+fn clock_literals_are_refused_on_postgres() {
+    let exact = "reads the database clock; pass times in the message instead";
+    for (sql, literal) in [
+        ("SELECT 'now'::timestamptz::text AS t", "now"),
+        ("SELECT CAST(CAST('now' AS timestamp) AS text) AS t", "now"),
+        ("SELECT 'today'::date::text AS d", "today"),
+        ("SELECT TRY_CAST('Tomorrow' AS date)", "Tomorrow"),
+        ("SELECT TIMESTAMP 'now'", "now"),
+        ("SELECT DATE 'today'", "today"),
+        ("SELECT TIME 'NOW'", "NOW"),
+        ("SELECT ' yesterday '::date", "yesterday"),
+        ("SELECT E'\\tnow\\n'::timestamptz", "now"),
+        ("SELECT $$now$$::timestamptz", "now"),
+        ("SELECT U&'n\\006Fw'::timestamp", "now"),
+        ("INSERT INTO ledger (at) VALUES ('now')", "now"),
+        (
+            "UPDATE accounts SET balance = 1 WHERE created < 'today'",
+            "today",
+        ),
+        ("SELECT * FROM accounts WHERE x = (SELECT 'now')", "now"),
+    ] {
+        refused(
+            DbKind::Postgres,
+            sql,
+            DbErrorKind::Denied,
+            &format!("the literal '{literal}' {exact}"),
+        );
+    }
+    // Date/time input reads the clock word as one field among others.
+    for (sql, word) in [
+        ("SELECT 'today 10:00'::timestamp", "today"),
+        ("SELECT '10:00today'::timestamp", "today"),
+        (
+            "SELECT 'tomorrow America/New_York'::timestamptz",
+            "tomorrow",
+        ),
+        (
+            "INSERT INTO ledger (at) VALUES ('yesterday allballs')",
+            "yesterday",
+        ),
+        ("SELECT 'ship today' FROM accounts", "today"),
+    ] {
+        refused(
+            DbKind::Postgres,
+            sql,
+            DbErrorKind::Denied,
+            &format!("contains '{word}', which PostgreSQL reads from the database clock"),
+        );
+    }
+    // Long or multi-line literals are shown shortened, on one line.
+    let long = format!("SELECT 'now\n{}'", "x ".repeat(50));
+    let e = guard(DbKind::Postgres).check(&long).unwrap_err();
+    assert!(
+        e.message.starts_with("the literal 'now x x"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("...' contains 'now'"), "{}", e.message);
+    // The function check still names the function.
+    refused(
+        DbKind::Postgres,
+        "SELECT datetime('now')",
+        DbErrorKind::Denied,
+        "function `datetime` is not allowed",
+    );
+}
+
+#[test]
+fn sqlite_casts_of_clock_words_are_plain_values() {
+    // SQLite has no date/time input: CAST('now' AS TIMESTAMP) is 0 there.
+    for sql in [
+        "SELECT CAST('now' AS TIMESTAMP) AS t",
+        "SELECT CAST('today' AS DATE) AS d",
+        "INSERT INTO ledger (note) VALUES ('see you tomorrow')",
+    ] {
+        allowed(DbKind::Sqlite, sql);
+    }
+}
+
+#[test]
+fn clock_words_are_whole_letter_runs() {
+    use casts::clock_word;
+    assert_eq!(clock_word("now"), Some("now"));
+    assert_eq!(clock_word(" NoW\t"), Some("now"));
+    assert_eq!(clock_word("2024-01-01 today"), Some("today"));
+    assert_eq!(clock_word("+tomorrow"), Some("tomorrow"));
+    assert_eq!(clock_word("yesterday,12:00"), Some("yesterday"));
+    for text in [
+        "",
+        "nowhere",
+        "known",
+        "todays",
+        "n ow",
+        "epoch",
+        "2024-01-01",
+        "tod",
+    ] {
+        assert_eq!(clock_word(text), None, "{text:?}");
+    }
+}
