@@ -42,7 +42,9 @@ pub async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
 }
 
 /// Makes sure the handler's stream exists (creating it with the handler's
-/// subjects if not) and returns its durable pull consumer, created if missing.
+/// subjects and `max_age = retention` if not, so the broker never presents a
+/// message older than the receipts that recognise it) and returns its
+/// durable pull consumer, created if missing.
 /// The consumer name is the handler name; it filters on the handler's
 /// subjects, acks explicitly and stops redelivering after `max_deliver`.
 pub async fn ensure_consumer(
@@ -54,6 +56,7 @@ pub async fn ensure_consumer(
         .get_or_create_stream(stream::Config {
             name: handler.stream.clone(),
             subjects: handler.subjects.clone(),
+            max_age: handler.retention,
             ..Default::default()
         })
         .await
@@ -95,6 +98,24 @@ pub async fn ensure_consumer(
             )
         })?;
     Ok(consumer)
+}
+
+/// The stream's `max_age`: how long it keeps a message. `None`: for ever
+/// (JetStream's 0, the default of a stream created without one).
+pub async fn stream_max_age(
+    js: &jetstream::Context,
+    stream: &str,
+) -> anyhow::Result<Option<Duration>> {
+    let mut s = js
+        .get_stream(stream)
+        .await
+        .with_context(|| format!("cannot read stream `{stream}`"))?;
+    let info = s
+        .info()
+        .await
+        .with_context(|| format!("cannot read stream `{stream}`"))?;
+    let max_age = info.config.max_age;
+    Ok((!max_age.is_zero()).then_some(max_age))
 }
 
 /// An endless source of deliveries for one consumer. Errors from the

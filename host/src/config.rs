@@ -126,7 +126,7 @@ pub struct HandlerConfig {
     pub pull_batch: usize,
     /// Time bound on each statement of a message's transaction (PostgreSQL
     /// `SET LOCAL statement_timeout`; on SQLite, on the transaction from
-    /// BEGIN). Default: the handler's `deadline`.
+    /// BEGIN). Default: the handler's `deadline` plus 1 s.
     #[serde(default, with = "humantime_serde")]
     pub statement_timeout: Option<Duration>,
     /// Most statements (`execute` + `query`) one message may run. Default 1000.
@@ -147,6 +147,18 @@ pub struct HandlerConfig {
     /// Linear memory cap per instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub max_memory_mib: u32,
+    /// The retention window (DESIGN.md invariant 7): receipts older than
+    /// this are pruned, and a message published longer ago than this cannot
+    /// be proven new, so it is dead-lettered (`beyond-horizon: …`) instead of
+    /// run. A stream idem creates gets this as its `max_age`; at start the
+    /// host refuses a stream that can keep messages longer. Default 7 days.
+    #[serde(default = "default_retention", with = "humantime_serde")]
+    pub retention: Duration,
+    /// Start even when the stream keeps messages longer than `retention`
+    /// (unlimited or larger `max_age`): a redelivered or replayed message
+    /// older than the window is then quarantined, never run. Default false.
+    #[serde(default)]
+    pub accept_horizon_risk: bool,
 }
 
 fn default_identity() -> IdentityRule {
@@ -178,6 +190,9 @@ fn default_pull_batch() -> usize {
 }
 fn default_memory_mib() -> u32 {
     64
+}
+fn default_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 60 * 60)
 }
 
 /// Where a message's identity is read from. Never invented: a message without
@@ -224,9 +239,14 @@ impl<'de> Deserialize<'de> for IdentityRule {
 }
 
 impl HandlerConfig {
-    /// The effective statement timeout: `statement_timeout`, else `deadline`.
+    /// The effective statement timeout: `statement_timeout`, else `deadline`
+    /// plus 1 s, so that the deadline (a trap) fires first and the statement
+    /// timeout is only the backstop that cancels a statement the runtime
+    /// abandoned (on SQLite the budget runs from BEGIN, a little before the
+    /// guest starts).
     pub fn statement_timeout(&self) -> Duration {
-        self.statement_timeout.unwrap_or(self.deadline)
+        self.statement_timeout
+            .unwrap_or(self.deadline + Duration::from_secs(1))
     }
 }
 
@@ -327,6 +347,12 @@ impl Config {
                     h.name
                 ));
             }
+            if h.retention.is_zero() {
+                return Err(format!(
+                    "handler `{}`: retention must be more than 0s",
+                    h.name
+                ));
+            }
             if h.max_memory_mib == 0 || h.max_memory_mib > 4096 {
                 return Err(format!(
                     "handler `{}`: max_memory_mib must be between 1 and 4096",
@@ -383,6 +409,22 @@ ack_wait = "10s"
         assert_eq!(h.ack_wait, Duration::from_secs(10));
         assert_eq!(h.max_deliver, 5);
         assert_eq!(h.deadline, Duration::from_secs(5));
+        assert_eq!(h.retention, Duration::from_secs(7 * 86_400));
+        assert!(!h.accept_horizon_risk);
+    }
+
+    #[test]
+    fn retention_parses_and_must_be_positive() {
+        let c = parse(&format!(
+            "{OK}retention = \"36h\"\naccept_horizon_risk = true\n"
+        ))
+        .unwrap();
+        assert_eq!(c.handlers[0].retention, Duration::from_secs(36 * 3600));
+        assert!(c.handlers[0].accept_horizon_risk);
+        assert_eq!(
+            parse(&format!("{OK}retention = \"0s\"\n")).unwrap_err(),
+            "handler `credit-projector`: retention must be more than 0s"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Counters for one handler since the host started. All counts are messages
-/// (deliveries), not rows.
+/// (deliveries), not rows, except `log_bytes_dropped` and `receipts_pruned`.
 #[derive(Debug, Default)]
 pub struct HandlerStats {
     /// Deliveries taken from the broker.
@@ -24,6 +24,9 @@ pub struct HandlerStats {
     pub ack_failures: AtomicU64,
     /// Guest log output (bytes) dropped by the per-message cap.
     pub log_bytes_dropped: AtomicU64,
+    /// Receipts deleted by the pruning task because they were older than the
+    /// handler's `retention` (rows, not messages).
+    pub receipts_pruned: AtomicU64,
 }
 
 /// A point-in-time copy of [`HandlerStats`].
@@ -37,6 +40,7 @@ pub struct StatsSnapshot {
     pub traps: u64,
     pub ack_failures: u64,
     pub log_bytes_dropped: u64,
+    pub receipts_pruned: u64,
 }
 
 impl HandlerStats {
@@ -56,6 +60,7 @@ impl HandlerStats {
             traps: self.traps.load(Relaxed),
             ack_failures: self.ack_failures.load(Relaxed),
             log_bytes_dropped: self.log_bytes_dropped.load(Relaxed),
+            receipts_pruned: self.receipts_pruned.load(Relaxed),
         }
     }
 }
@@ -64,7 +69,7 @@ impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} receipts_pruned={}",
             self.delivered,
             self.processed,
             self.duplicates,
@@ -72,7 +77,8 @@ impl std::fmt::Display for StatsSnapshot {
             self.dead_lettered,
             self.traps,
             self.ack_failures,
-            self.log_bytes_dropped
+            self.log_bytes_dropped,
+            self.receipts_pruned
         )
     }
 }

@@ -2,6 +2,7 @@
 //! (DESIGN.md, "The protocol"):
 //!
 //! ```text
+//! published longer ago than `retention` → durable dead letter (beyond-horizon) → term
 //! BEGIN → INSERT receipt ON CONFLICT DO NOTHING
 //!   0 rows → ROLLBACK → ack → duplicate
 //!   run guest handle(msg) in this transaction
@@ -34,6 +35,9 @@ pub struct Pipeline {
     pub pull_batch: usize,
     pub retry_delay: Duration,
     pub statement_timeout: Duration,
+    /// The retention window: a message published longer ago than this is
+    /// quarantined (DESIGN.md invariant 7).
+    pub retention: Duration,
     /// PostgreSQL role the guest's statements run as (defence in depth), if set up.
     pub db_role: Option<String>,
     pub module: Arc<HandlerModule>,
@@ -78,6 +82,7 @@ impl Pipeline {
             pull_batch: cfg.pull_batch,
             retry_delay: cfg.retry_delay,
             statement_timeout: cfg.statement_timeout(),
+            retention: cfg.retention,
             db_role: None,
             guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
             module,
@@ -132,6 +137,23 @@ impl Pipeline {
                     return self.dead_letter(msg, dl).await;
                 }
             };
+
+        // Beyond the memory horizon: the receipt that would recognise this
+        // message may already be pruned, so it cannot be proven new. Quarantined
+        // before any receipt or guest code (DESIGN.md invariant 7).
+        if let Some(reason) = self.beyond_horizon(published_ms) {
+            let dl = DeadLetter {
+                consumer: &self.name,
+                message_id: Some(&identity),
+                stream: &self.stream,
+                stream_sequence,
+                subject: &subject,
+                reason: &reason,
+                headers: &headers,
+                payload: &msg.payload,
+            };
+            return self.dead_letter(msg, dl).await;
+        }
 
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
@@ -261,6 +283,23 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// `Some(reason)` when a message published at `published_ms` (Unix ms,
+    /// the broker's clock) is older than the retention window now.
+    fn beyond_horizon(&self, published_ms: i64) -> Option<String> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        let age = Duration::from_millis(u64::try_from(now_ms.saturating_sub(published_ms)).ok()?);
+        (age > self.retention).then(|| {
+            format!(
+                "beyond-horizon: published {} ago, older than the retention window of {}; its receipt may be pruned, so it cannot be proven new",
+                humantime::format_duration(age),
+                humantime::format_duration(self.retention)
+            )
+        })
     }
 
     async fn confirm_ack(&self, msg: &Message, identity: &str) {

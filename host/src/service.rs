@@ -1,13 +1,15 @@
 //! The running host: connects to broker and database, prepares tables and
 //! migrations, loads every handler's component once, and runs one consuming
-//! task per handler until shutdown (or, with `drain`, until nothing is left).
+//! task per handler until shutdown (or, with `drain`, until nothing is left),
+//! plus one pruning task that forgets receipts older than each handler's
+//! retention window (see [`crate::store::PruneLock`] for the one-pruner rule).
 
 use crate::broker::{self, Deliveries};
 use crate::config::Config;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
 use crate::runtime::{LoadOptions, Runtime};
-use crate::store::Database;
+use crate::store::{Database, PrunePass};
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +18,21 @@ use tokio::sync::watch;
 /// A host ready to run: every handler's consumer exists and its component is loaded.
 pub struct Host {
     handlers: Vec<RunningHandler>,
+    db: Arc<Database>,
+}
+
+/// Receipts deleted per statement by the pruning task.
+pub const PRUNE_BATCH: u32 = 1000;
+
+/// Time between two pruning passes: a tenth of the shortest retention, at
+/// most a minute (and at least 50 ms).
+pub fn prune_interval(retentions: impl IntoIterator<Item = Duration>) -> Duration {
+    retentions
+        .into_iter()
+        .map(|r| r / 10)
+        .min()
+        .unwrap_or(Duration::from_secs(60))
+        .clamp(Duration::from_millis(50), Duration::from_secs(60))
 }
 
 struct RunningHandler {
@@ -74,6 +91,7 @@ impl Host {
         let mut handlers = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
             let consumer = broker::ensure_consumer(&js, h, 1000).await?;
+            check_horizon(&js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
             let mut pipeline = Pipeline::new(h, module, runtime.clone(), db.clone());
             pipeline.db_role = match db.prepare_handler_role(&h.name, &h.tables).await {
@@ -86,7 +104,7 @@ impl Host {
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler { pipeline, consumer });
         }
-        Ok(Self { handlers })
+        Ok(Self { handlers, db })
     }
 
     /// Each handler's counters, by handler name.
@@ -119,6 +137,19 @@ impl Host {
             }));
         }
         let stats = self.stats();
+        let pruner = tokio::spawn(prune_forever(
+            self.db.clone(),
+            self.handlers
+                .iter()
+                .map(|h| {
+                    (
+                        h.pipeline.name.clone(),
+                        h.pipeline.retention,
+                        h.pipeline.stats.clone(),
+                    )
+                })
+                .collect(),
+        ));
         let reporter = {
             let stats = stats.clone();
             tokio::spawn(async move {
@@ -150,7 +181,68 @@ impl Host {
             let _ = t.await;
         }
         reporter.abort();
+        pruner.abort();
+        let _ = pruner.await;
         stats.into_iter().map(|(n, s)| (n, s.snapshot())).collect()
+    }
+}
+
+/// Refuses a stream that can present a message older than the handler's
+/// retention window (its `max_age` unlimited or longer), unless the handler
+/// sets `accept_horizon_risk` (then a warning): such a message could find its
+/// receipt pruned and run twice. It would be quarantined by the pipeline, but
+/// a deployment should not rely on that by accident.
+async fn check_horizon(
+    js: &async_nats::jetstream::Context,
+    h: &crate::config::HandlerConfig,
+) -> anyhow::Result<()> {
+    let max_age = broker::stream_max_age(js, &h.stream)
+        .await
+        .with_context(|| format!("handler `{}`", h.name))?;
+    if max_age.is_some_and(|a| a <= h.retention) {
+        return Ok(());
+    }
+    let keeps = max_age.map_or_else(
+        || "ever".to_string(),
+        |a| humantime::format_duration(a).to_string(),
+    );
+    let retention = humantime::format_duration(h.retention);
+    if h.accept_horizon_risk {
+        tracing::warn!(handler = %h.name, stream = %h.stream, "stream keeps messages for {keeps} but receipts are kept for {retention}; accept_horizon_risk = true, so a message older than that is dead-lettered (beyond-horizon) instead of run");
+        return Ok(());
+    }
+    anyhow::bail!(
+        "handler `{}`: stream `{}` keeps messages for {keeps} but receipts are kept for {retention}; a redelivered or replayed message older than that could run twice. Set the stream's max_age <= retention, raise retention, or set accept_horizon_risk = true",
+        h.name,
+        h.stream
+    )
+}
+
+/// The pruning task: every [`prune_interval`], one pass over every handler
+/// (skipped while another host holds the prune lock), counted in each
+/// handler's `receipts_pruned`. Errors are logged; the next pass tries again.
+async fn prune_forever(db: Arc<Database>, handlers: Vec<(Arc<str>, Duration, Arc<HandlerStats>)>) {
+    let mut tick = tokio::time::interval(prune_interval(handlers.iter().map(|h| h.1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let targets: Vec<(&str, Duration)> = handlers.iter().map(|(n, r, _)| (&**n, *r)).collect();
+    loop {
+        tick.tick().await;
+        match db.prune_pass(&targets, PRUNE_BATCH).await {
+            Ok(PrunePass::Pruned(counts)) => {
+                for ((name, _, stats), n) in handlers.iter().zip(counts) {
+                    if n > 0 {
+                        stats
+                            .receipts_pruned
+                            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(handler = %name, pruned = n, "pruned receipts older than the retention window");
+                    }
+                }
+            }
+            Ok(PrunePass::Skipped) => {
+                tracing::debug!("another host holds the prune lock; pass skipped");
+            }
+            Err(e) => tracing::warn!(error = %e, "pruning receipts failed; retrying next pass"),
+        }
     }
 }
 
@@ -178,5 +270,23 @@ async fn wait_drained(
         if idle_readings >= 2 {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_interval_is_a_tenth_of_the_shortest_retention_within_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(prune_interval([s(7 * 86_400)]), s(60));
+        assert_eq!(prune_interval([s(3600), s(100)]), s(10));
+        assert_eq!(prune_interval([s(1)]), Duration::from_millis(100));
+        assert_eq!(
+            prune_interval([Duration::from_millis(10)]),
+            Duration::from_millis(50)
+        );
+        assert_eq!(prune_interval([]), s(60));
     }
 }

@@ -6,7 +6,8 @@
 //! - `idem_receipts(consumer, message_id, stream_sequence, module_digest, processed_at)`,
 //!   primary key `(consumer, message_id)`: the processed-message marker (seed 000).
 //!   `processed_at` is `timestamptz` on PostgreSQL and Unix milliseconds
-//!   (`INTEGER`) on SQLite, set by the database; indexed for pruning.
+//!   (`INTEGER`) on SQLite, set by the database; indexed by `(consumer, processed_at)`
+//!   for pruning (module `retention`).
 //! - `idem_dead_letters(id, consumer, message_id NULL, stream, stream_sequence, subject,
 //!   reason, headers (JSON text), payload, failed_at)`, unique `(consumer, stream, stream_sequence)`
 //!   so that dead-lettering one delivery twice writes one row.
@@ -20,8 +21,11 @@
 
 mod pg_role;
 mod postgres;
+mod retention;
 mod sqlite;
 pub mod value;
+
+pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 
 pub use value::{DbError, DbErrorKind, Rows, SqlValue};
 

@@ -25,7 +25,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 3] = [
+const HOST_TABLES: [&str; 4] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -38,7 +38,11 @@ const HOST_TABLES: [&str; 3] = [
         PRIMARY KEY (consumer, message_id)
     ) WITHOUT ROWID"
     ),
-    "CREATE INDEX IF NOT EXISTS idem_receipts_processed_at ON idem_receipts (processed_at)",
+    // Pruning reads one consumer's oldest receipts (store::retention).
+    "CREATE INDEX IF NOT EXISTS idem_receipts_consumer_processed_at
+        ON idem_receipts (consumer, processed_at)",
+    // Superseded by the index above; only costs inserts.
+    "DROP INDEX IF EXISTS idem_receipts_processed_at",
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
