@@ -114,9 +114,16 @@ pub struct HandlerConfig {
     /// JetStream `ack_wait`. Default 30 s.
     #[serde(default = "default_ack_wait", with = "humantime_serde")]
     pub ack_wait: Duration,
-    /// Delay before a retried message is delivered again (nak delay). Default 1 s.
-    #[serde(default = "default_retry_delay", with = "humantime_serde")]
-    pub retry_delay: Duration,
+    /// Delay before a retried message is delivered again (nak delay), the same
+    /// for every delivery. Default 1 s. Shorthand for `backoff = [retry_delay]`.
+    #[serde(default, with = "humantime_serde")]
+    pub retry_delay: Option<Duration>,
+    /// Nak delays by delivery: after the n-th failed delivery the message is
+    /// delivered again after `backoff[n-1]`, the last entry repeating, e.g.
+    /// `["1s", "10s", "1m"]`. JetStream's own consumer `backoff` applies to
+    /// ack timeouts, not naks, so idem sends each delay with its nak.
+    #[serde(default)]
+    pub backoff: Vec<HumanDuration>,
     /// Wall-clock deadline for one `handle` call. Default 5 s.
     #[serde(default = "default_deadline", with = "humantime_serde")]
     pub deadline: Duration,
@@ -170,9 +177,10 @@ fn default_max_deliver() -> u32 {
 fn default_ack_wait() -> Duration {
     Duration::from_secs(30)
 }
-fn default_retry_delay() -> Duration {
-    Duration::from_secs(1)
-}
+/// A duration written the humantime way (`"1s"`, `"500ms"`, `"2m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct HumanDuration(#[serde(with = "humantime_serde")] pub Duration);
 fn default_deadline() -> Duration {
     Duration::from_secs(5)
 }
@@ -239,6 +247,17 @@ impl<'de> Deserialize<'de> for IdentityRule {
 }
 
 impl HandlerConfig {
+    /// The nak delay after the `delivered`-th delivery failed (1-based):
+    /// `backoff[delivered - 1]`, the last entry repeating; `retry_delay`
+    /// (default 1 s) when no backoff is set.
+    pub fn nak_delay(&self, delivered: u64) -> Duration {
+        let i = usize::try_from(delivered.saturating_sub(1)).unwrap_or(usize::MAX);
+        match self.backoff.get(i).or(self.backoff.last()) {
+            Some(d) => d.0,
+            None => self.retry_delay.unwrap_or(Duration::from_secs(1)),
+        }
+    }
+
     /// The effective statement timeout: `statement_timeout`, else `deadline`
     /// plus 1 s, so that the deadline (a trap) fires first and the statement
     /// timeout is only the backstop that cancels a statement the runtime
@@ -326,6 +345,12 @@ impl Config {
             if h.max_deliver == 0 {
                 return Err(format!(
                     "handler `{}`: max_deliver must be at least 1",
+                    h.name
+                ));
+            }
+            if h.retry_delay.is_some() && !h.backoff.is_empty() {
+                return Err(format!(
+                    "handler `{}`: set either retry_delay or backoff, not both",
                     h.name
                 ));
             }

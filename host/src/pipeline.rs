@@ -33,7 +33,8 @@ pub struct Pipeline {
     pub identity: IdentityRule,
     pub max_deliver: u32,
     pub pull_batch: usize,
-    pub retry_delay: Duration,
+    /// The handler's config, for its nak delays ([`HandlerConfig::nak_delay`]).
+    pub config: HandlerConfig,
     pub statement_timeout: Duration,
     /// The retention window: a message published longer ago than this is
     /// quarantined (DESIGN.md invariant 7).
@@ -80,7 +81,7 @@ impl Pipeline {
             identity: cfg.identity.clone(),
             max_deliver: cfg.max_deliver,
             pull_batch: cfg.pull_batch,
-            retry_delay: cfg.retry_delay,
+            config: cfg.clone(),
             statement_timeout: cfg.statement_timeout(),
             retention: cfg.retention,
             db_role: None,
@@ -276,7 +277,8 @@ impl Pipeline {
                 } else {
                     tracing::info!(handler = %self.name, %identity, delivery = delivered, %reason, "rolled back; will retry");
                     HandlerStats::incr(&self.stats.retried);
-                    if let Err(e) = broker::nak(msg, self.retry_delay).await {
+                    let delay = self.config.nak_delay(delivered);
+                    if let Err(e) = broker::nak(msg, delay).await {
                         tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
                     }
                     Outcome::Retried(reason)
@@ -339,11 +341,16 @@ impl Pipeline {
     ) -> Outcome {
         HandlerStats::incr(&self.stats.retried);
         tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back, message will be redelivered");
-        if let Err(e) = broker::nak(msg, self.retry_delay).await {
+        let delivered = msg
+            .info()
+            .map(|i| u64::try_from(i.delivered).unwrap_or(1))
+            .unwrap_or(1);
+        let delay = self.config.nak_delay(delivered);
+        if let Err(e) = broker::nak(msg, delay).await {
             tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
         }
         // Pause this handler briefly so a database outage does not spin through the stream.
-        tokio::time::sleep(self.retry_delay.min(Duration::from_secs(5))).await;
+        tokio::time::sleep(delay.min(Duration::from_secs(5))).await;
         Outcome::StoreFailed(format!("{step}: {error}"))
     }
 }

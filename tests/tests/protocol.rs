@@ -241,3 +241,30 @@ async fn denied_statements_roll_back(backend: Backend) {
     host.stop().await;
 }
 on_both_databases!(denied_statements_roll_back, denied_statements_roll_back);
+
+async fn nak_delay_follows_the_backoff_list(backend: Backend) {
+    let e = env(backend).await;
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "backoff = [\"200ms\", \"30s\"]\nmax_deliver = 5\n".into();
+    let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &behave("retry", "evt_b", 4, 10), &[]).await;
+    // First failure: naked for 200 ms, so the second delivery comes quickly.
+    host.wait_for("behave", "second delivery failed", |s| s.retried == 2)
+        .await;
+    // Second failure: naked for 30 s, so nothing more arrives meanwhile.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let s = host.stats("behave");
+    assert_eq!(
+        (s.delivered, s.retried, s.processed, s.dead_lettered),
+        (2, 2, 0, 0)
+    );
+    assert_eq!(e.db.receipts("behave").await, 0);
+    assert_eq!(e.db.balance(4).await, None);
+    host.stop().await;
+}
+on_both_databases!(
+    nak_delay_follows_the_backoff_list,
+    nak_delay_follows_the_backoff_list
+);
