@@ -223,3 +223,32 @@ pub async fn outstanding(
     let info = consumer.info().await?;
     Ok(info.num_pending + info.num_ack_pending as u64)
 }
+
+/// Keeps a message ours while it is processed: sends an in-progress ack
+/// (`+WPI`, which restarts the server's `ack_wait` timer) every third of
+/// `ack_wait`, until dropped. Without it a message still being worked on past
+/// `ack_wait` is redelivered (and, on another host, run concurrently: the
+/// receipt keeps the effect single, but the work is wasted).
+pub struct InProgress(tokio::task::JoinHandle<()>);
+
+impl InProgress {
+    /// Starts the keep-alive for `msg` (a cheap clone of the delivery).
+    pub fn start(msg: jetstream::Message, ack_wait: Duration) -> Self {
+        let period = (ack_wait / 3).max(Duration::from_millis(100));
+        Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tick.tick().await;
+                if let Err(e) = in_progress(&msg).await {
+                    tracing::debug!(error = %e, "in-progress ack failed");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -156,6 +156,9 @@ impl Pipeline {
             return self.dead_letter(msg, dl).await;
         }
 
+        // From here on the work can take a while (a lock wait, a slow guest):
+        // keep the message ours until this delivery is settled.
+        let _in_progress = ();
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
             Err(e) => {
