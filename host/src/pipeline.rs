@@ -125,17 +125,9 @@ impl Pipeline {
             match crate::identity::extract(&self.identity, msg.headers.as_ref(), &msg.payload) {
                 Ok(id) => id,
                 Err(reason) => {
-                    let dl = DeadLetter {
-                        consumer: &self.name,
-                        message_id: None,
-                        stream: &self.stream,
-                        stream_sequence,
-                        subject: &subject,
-                        reason: &reason,
-                        headers: &headers,
-                        payload: &msg.payload,
-                    };
-                    return self.dead_letter(msg, dl).await;
+                    return self
+                        .dead_letter(msg, None, stream_sequence, &subject, &headers, &reason)
+                        .await;
                 }
             };
 
@@ -143,17 +135,16 @@ impl Pipeline {
         // message may already be pruned, so it cannot be proven new. Quarantined
         // before any receipt or guest code (DESIGN.md invariant 7).
         if let Some(reason) = self.beyond_horizon(published_ms) {
-            let dl = DeadLetter {
-                consumer: &self.name,
-                message_id: Some(&identity),
-                stream: &self.stream,
-                stream_sequence,
-                subject: &subject,
-                reason: &reason,
-                headers: &headers,
-                payload: &msg.payload,
-            };
-            return self.dead_letter(msg, dl).await;
+            return self
+                .dead_letter(
+                    msg,
+                    Some(&identity),
+                    stream_sequence,
+                    &subject,
+                    &headers,
+                    &reason,
+                )
+                .await;
         }
 
         // From here on the work can take a while (a lock wait, a slow guest):
@@ -266,17 +257,15 @@ impl Pipeline {
                         )
                     };
                     tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
-                    let dl = DeadLetter {
-                        consumer: &self.name,
-                        message_id: Some(&identity),
-                        stream: &self.stream,
+                    self.dead_letter(
+                        msg,
+                        Some(&identity),
                         stream_sequence,
-                        subject: &subject,
-                        reason: &reason,
-                        headers: &headers,
-                        payload: &msg.payload,
-                    };
-                    self.dead_letter(msg, dl).await
+                        &subject,
+                        &headers,
+                        &reason,
+                    )
+                    .await
                 } else {
                     tracing::info!(handler = %self.name, %identity, delivery = delivered, %reason, "rolled back; will retry");
                     HandlerStats::incr(&self.stats.retried);
@@ -316,8 +305,25 @@ impl Pipeline {
 
     /// Writes the dead letter durably, then terms. If the write fails the
     /// message is naked instead: nothing is dropped.
-    async fn dead_letter(&self, msg: &Message, dl: DeadLetter<'_>) -> Outcome {
-        let reason = dl.reason.to_string();
+    async fn dead_letter(
+        &self,
+        msg: &Message,
+        message_id: Option<&str>,
+        stream_sequence: u64,
+        subject: &str,
+        headers: &[(String, String)],
+        reason: &str,
+    ) -> Outcome {
+        let dl = DeadLetter {
+            consumer: &self.name,
+            message_id,
+            stream: &self.stream,
+            stream_sequence,
+            subject,
+            reason,
+            headers,
+            payload: &msg.payload,
+        };
         match self.db.dead_letter(&dl).await {
             Ok(()) => {
                 HandlerStats::incr(&self.stats.dead_lettered);
@@ -325,7 +331,7 @@ impl Pipeline {
                 if let Err(e) = broker::term(msg).await {
                     tracing::warn!(handler = %self.name, error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
                 }
-                Outcome::DeadLettered(reason)
+                Outcome::DeadLettered(reason.to_string())
             }
             Err(e) => {
                 let id = dl.message_id.unwrap_or("<none>").to_string();
