@@ -143,6 +143,16 @@ impl Deliveries {
         }
     }
 
+    /// Drops the open pull request, so the server sends this host nothing
+    /// while it cannot process (the database is down). Messages already
+    /// buffered here are not acked: the server redelivers them after
+    /// `ack_wait`. The next [`Deliveries::next`] pulls again.
+    pub fn pause(&mut self) {
+        if self.stream.take().is_some() {
+            tracing::info!(handler = %self.handler, "fetching paused");
+        }
+    }
+
     /// The next message. Never returns on a broker error: it logs, waits with
     /// backoff and pulls again.
     pub async fn next(&mut self) -> jetstream::Message {

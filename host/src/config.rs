@@ -127,6 +127,12 @@ pub struct HandlerConfig {
     /// Wall-clock deadline for one `handle` call. Default 5 s.
     #[serde(default = "default_deadline", with = "humantime_serde")]
     pub deadline: Duration,
+    /// Messages this handler runs at once on one host, each in its own
+    /// transaction. Default 1. Ordering is not promised either way (JetStream
+    /// redelivers out of order, and several hosts share one consumer). The
+    /// sum over handlers must leave one `[database] max_connections` spare.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
     /// Messages requested per pull. Keep a full batch well within `ack_wait`
     /// at the handler's processing rate. Default 16.
     #[serde(default = "default_pull_batch")]
@@ -192,6 +198,9 @@ fn default_max_rows() -> usize {
 }
 fn default_max_log_kib() -> usize {
     64
+}
+fn default_concurrency() -> usize {
+    1
 }
 fn default_pull_batch() -> usize {
     16
@@ -317,6 +326,14 @@ impl Config {
         if self.handlers.is_empty() {
             return Err("no [[handler]] tables: add at least one handler".into());
         }
+        let in_flight: usize = self.handlers.iter().map(|h| h.concurrency).sum();
+        if in_flight >= self.database.max_connections as usize {
+            return Err(format!(
+                "handlers run {in_flight} messages at once (sum of `concurrency`) but [database] max_connections is {}; raise max_connections to at least {} (one spare for dead letters and pruning)",
+                self.database.max_connections,
+                in_flight + 1
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for h in &self.handlers {
             let valid_name = |s: &str| {
@@ -369,6 +386,12 @@ impl Config {
             if h.pull_batch == 0 || h.pull_batch > 1000 {
                 return Err(format!(
                     "handler `{}`: pull_batch must be between 1 and 1000",
+                    h.name
+                ));
+            }
+            if h.concurrency == 0 || h.concurrency > 256 {
+                return Err(format!(
+                    "handler `{}`: concurrency must be between 1 and 256",
                     h.name
                 ));
             }
@@ -436,6 +459,25 @@ ack_wait = "10s"
         assert_eq!(h.deadline, Duration::from_secs(5));
         assert_eq!(h.retention, Duration::from_secs(7 * 86_400));
         assert!(!h.accept_horizon_risk);
+    }
+
+    #[test]
+    fn concurrency_defaults_to_one_and_must_fit_the_pool() {
+        assert_eq!(parse(OK).unwrap().handlers[0].concurrency, 1);
+        assert_eq!(
+            parse(&format!("{OK}concurrency = 7\n")).unwrap().handlers[0].concurrency,
+            7
+        );
+        let err = parse(&format!("{OK}concurrency = 8\n")).unwrap_err();
+        assert_eq!(
+            err,
+            "handlers run 8 messages at once (sum of `concurrency`) but [database] max_connections is 8; raise max_connections to at least 9 (one spare for dead letters and pruning)"
+        );
+        let err = parse(&format!("{OK}concurrency = 0\n")).unwrap_err();
+        assert_eq!(
+            err,
+            "handler `credit-projector`: concurrency must be between 1 and 256"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod fault;
+pub mod health;
 pub mod identity;
 pub mod metrics;
 pub mod pipeline;

@@ -24,6 +24,9 @@ pub struct HandlerStats {
     pub ack_failures: AtomicU64,
     /// Guest log output (bytes) dropped by the per-message cap.
     pub log_bytes_dropped: AtomicU64,
+    /// Deliveries that found the database unreachable and were held until it
+    /// answered (then run again), instead of being naked.
+    pub db_pauses: AtomicU64,
     /// Receipts deleted by the pruning task because they were older than the
     /// handler's `retention` (rows, not messages).
     pub receipts_pruned: AtomicU64,
@@ -40,6 +43,7 @@ pub struct StatsSnapshot {
     pub traps: u64,
     pub ack_failures: u64,
     pub log_bytes_dropped: u64,
+    pub db_pauses: u64,
     pub receipts_pruned: u64,
 }
 
@@ -60,6 +64,7 @@ impl HandlerStats {
             traps: self.traps.load(Relaxed),
             ack_failures: self.ack_failures.load(Relaxed),
             log_bytes_dropped: self.log_bytes_dropped.load(Relaxed),
+            db_pauses: self.db_pauses.load(Relaxed),
             receipts_pruned: self.receipts_pruned.load(Relaxed),
         }
     }
@@ -69,7 +74,7 @@ impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} receipts_pruned={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={}",
             self.delivered,
             self.processed,
             self.duplicates,
@@ -78,6 +83,7 @@ impl std::fmt::Display for StatsSnapshot {
             self.traps,
             self.ack_failures,
             self.log_bytes_dropped,
+            self.db_pauses,
             self.receipts_pruned
         )
     }

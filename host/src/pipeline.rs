@@ -18,10 +18,11 @@
 use crate::broker;
 use crate::config::{HandlerConfig, IdentityRule};
 use crate::fault;
+use crate::health::{self, DbHealth};
 use crate::metrics::HandlerStats;
 use crate::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
-use crate::store::{Database, DeadLetter, Receipt};
+use crate::store::{Database, DeadLetter, Receipt, StoreError};
 use async_nats::jetstream::Message;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,10 @@ pub struct Pipeline {
     pub runtime: Arc<Runtime>,
     pub db: Arc<Database>,
     pub stats: Arc<HandlerStats>,
+    /// The host's database availability gate, shared by every handler.
+    pub health: Arc<DbHealth>,
+    /// Messages this handler runs at once (config `concurrency`).
+    pub concurrency: usize,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -56,17 +61,23 @@ pub enum Outcome {
     Duplicate,
     Retried(String),
     DeadLettered(String),
-    /// The store failed (database down, commit error): rolled back, naked.
+    /// A database step failed for a reason other than an outage (for example
+    /// a constraint checked at COMMIT): rolled back, naked (counted as retried).
     StoreFailed(String),
+    /// Left without ack, nak or term (shutdown while the database was
+    /// unreachable, or not a JetStream delivery): `ack_wait` redelivers it.
+    Unsettled(String),
 }
 
 impl Pipeline {
-    /// Builds the pipeline for one configured handler.
+    /// Builds the pipeline for one configured handler. `health`: the host's
+    /// database gate (one per [`Database`], shared by every handler).
     pub fn new(
         cfg: &HandlerConfig,
         module: Arc<HandlerModule>,
         runtime: Arc<Runtime>,
         db: Arc<Database>,
+        health: Arc<DbHealth>,
     ) -> Self {
         let limits = Limits {
             deadline: cfg.deadline,
@@ -91,10 +102,18 @@ impl Pipeline {
             runtime,
             db,
             stats: Arc::new(HandlerStats::default()),
+            health,
+            concurrency: cfg.concurrency,
         }
     }
 
     /// Runs the protocol for one delivery, including its ack / nak / term.
+    ///
+    /// While the database is unreachable ([`crate::health::is_unavailable`])
+    /// the delivery is held, not naked: the in-progress keep-alive keeps it
+    /// ours, the host waits for the database, and the protocol runs again
+    /// from the start (the receipt decides whether an earlier COMMIT whose
+    /// outcome was unknown had happened). An outage spends no deliveries.
     pub async fn process(&self, msg: &Message) -> Outcome {
         HandlerStats::incr(&self.stats.delivered);
         let (stream_sequence, delivered, published_ms) = match msg.info() {
@@ -106,7 +125,7 @@ impl Pipeline {
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
                 tracing::error!(handler = %self.name, error = %e, "message without JetStream metadata; ignored");
-                return Outcome::StoreFailed(format!("no JetStream metadata: {e}"));
+                return Outcome::Unsettled(format!("no JetStream metadata: {e}"));
             }
         };
         let headers: Vec<(String, String)> = msg
@@ -119,49 +138,59 @@ impl Pipeline {
                 })
             })
             .collect();
-        let subject = msg.subject.to_string();
-
-        let identity =
-            match crate::identity::extract(&self.identity, msg.headers.as_ref(), &msg.payload) {
-                Ok(id) => id,
-                Err(reason) => {
-                    return self
-                        .dead_letter(msg, None, stream_sequence, &subject, &headers, &reason)
-                        .await;
+        let d = Delivery {
+            msg,
+            stream_sequence,
+            delivered,
+            published_ms,
+            subject: msg.subject.to_string(),
+            headers,
+        };
+        // The work can take a while (a lock wait, a slow guest, a database
+        // outage): keep the message ours until this delivery is settled.
+        let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
+        loop {
+            match self.settle(&d).await {
+                Ok(outcome) => return outcome,
+                Err(Unavailable { step, error }) => {
+                    HandlerStats::incr(&self.stats.db_pauses);
+                    if !self.health.wait_until_up(&self.name, step, &error).await {
+                        tracing::warn!(handler = %self.name, stream_sequence, "shutting down while the database is unavailable; the message is left for redelivery");
+                        return Outcome::Unsettled(format!("{step}: {error}"));
+                    }
+                    tracing::info!(handler = %self.name, stream_sequence, "database is back; running the held message again");
                 }
-            };
+            }
+        }
+    }
+
+    /// One run of the protocol. `Err` only when the database could not be
+    /// reached: nothing was acked, naked or termed, so the caller may run it again.
+    async fn settle(&self, d: &Delivery<'_>) -> Result<Outcome, Unavailable> {
+        let identity = match crate::identity::extract(
+            &self.identity,
+            d.msg.headers.as_ref(),
+            &d.msg.payload,
+        ) {
+            Ok(id) => id,
+            Err(reason) => return self.dead_letter(d, None, &reason).await,
+        };
 
         // Beyond the memory horizon: the receipt that would recognise this
         // message may already be pruned, so it cannot be proven new. Quarantined
         // before any receipt or guest code (DESIGN.md invariant 7).
-        if let Some(reason) = self.beyond_horizon(published_ms) {
-            return self
-                .dead_letter(
-                    msg,
-                    Some(&identity),
-                    stream_sequence,
-                    &subject,
-                    &headers,
-                    &reason,
-                )
-                .await;
+        if let Some(reason) = self.beyond_horizon(d.published_ms) {
+            return self.dead_letter(d, Some(&identity), &reason).await;
         }
 
-        // From here on the work can take a while (a lock wait, a slow guest):
-        // keep the message ours until this delivery is settled.
-        let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
-            Err(e) => {
-                return self
-                    .store_failed(msg, &identity, "BEGIN", e.to_string())
-                    .await;
-            }
+            Err(e) => return self.store_failed(d, &identity, "BEGIN", e).await,
         };
         let receipt = Receipt {
             consumer: &self.name,
             message_id: &identity,
-            stream_sequence,
+            stream_sequence: d.stream_sequence,
             module_digest: self.module.digest(),
         };
         match tx.insert_receipt(&receipt).await {
@@ -170,9 +199,7 @@ impl Pipeline {
                     && let Err(e) = tx.enter_handler_role(role).await
                 {
                     let _ = tx.rollback().await;
-                    return self
-                        .store_failed(msg, &identity, "SET LOCAL ROLE", e.to_string())
-                        .await;
+                    return self.store_failed(d, &identity, "SET LOCAL ROLE", e).await;
                 }
             }
             Ok(false) => {
@@ -180,26 +207,24 @@ impl Pipeline {
                     tracing::warn!(handler = %self.name, %identity, error = %e, "rollback of a duplicate failed");
                 }
                 HandlerStats::incr(&self.stats.duplicates);
-                tracing::debug!(handler = %self.name, %identity, stream_sequence, "duplicate: receipt exists; acking");
-                self.confirm_ack(msg, &identity).await;
-                return Outcome::Duplicate;
+                tracing::debug!(handler = %self.name, %identity, stream_sequence = d.stream_sequence, "duplicate: receipt exists; acking");
+                self.confirm_ack(d.msg, &identity).await;
+                return Ok(Outcome::Duplicate);
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                return self
-                    .store_failed(msg, &identity, "receipt insert", e.to_string())
-                    .await;
+                return self.store_failed(d, &identity, "receipt insert", e).await;
             }
         }
 
         let guest_msg = GuestMessage {
             identity: identity.clone(),
-            subject: subject.clone(),
-            headers: headers.clone(),
-            payload: msg.payload.to_vec(),
-            stream_sequence,
-            delivery_count: delivered,
-            published_ms,
+            subject: d.subject.clone(),
+            headers: d.headers.clone(),
+            payload: d.msg.payload.to_vec(),
+            stream_sequence: d.stream_sequence,
+            delivery_count: d.delivered,
+            published_ms: d.published_ms,
         };
         let call = Invocation {
             handler: self.name.clone(),
@@ -212,71 +237,80 @@ impl Pipeline {
             .runtime
             .handle(&self.module, &call, tx, guest_msg)
             .await;
-        match result {
+        let failure = match result {
             Ok(()) => {
                 if let Err(e) = tx.commit().await {
-                    // Outcome unknown or failed: never ack. Redelivery and the receipt decide.
-                    return self
-                        .store_failed(msg, &identity, "COMMIT", e.to_string())
-                        .await;
+                    // Failed, or outcome unknown: never ack. An unknown outcome
+                    // runs again, where the receipt decides.
+                    return self.store_failed(d, &identity, "COMMIT", e).await;
                 }
-                fault::after_commit();
                 HandlerStats::incr(&self.stats.processed);
-                self.confirm_ack(msg, &identity).await;
-                Outcome::Processed
+                if fault::after_commit() == fault::AfterCommit::Ack {
+                    self.confirm_ack(d.msg, &identity).await;
+                }
+                return Ok(Outcome::Processed);
             }
-            Err(failure) => {
-                // Bounded: a statement the runtime abandoned at the deadline is
-                // cancelled by the statement timeout, then the rollback runs.
-                let bound = self.statement_timeout + Duration::from_secs(5);
-                match tokio::time::timeout(bound, tx.rollback()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
-                    }
-                    Err(_) => {
-                        tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
-                    }
-                }
-                let (reason, permanent) = match &failure {
-                    HandlerFailure::Reject(r) => (format!("rejected: {r}"), true),
-                    HandlerFailure::Retry(r) => (format!("retry: {r}"), false),
-                    HandlerFailure::Trap(t) => {
-                        HandlerStats::incr(&self.stats.traps);
-                        (format!("trap: {t}"), false)
-                    }
-                };
-                let last = delivered >= u64::from(self.max_deliver);
-                if permanent || last {
-                    let reason = if permanent {
-                        reason
-                    } else {
-                        format!(
-                            "{reason} (delivery {delivered} of max_deliver {})",
-                            self.max_deliver
-                        )
-                    };
-                    tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
-                    self.dead_letter(
-                        msg,
-                        Some(&identity),
-                        stream_sequence,
-                        &subject,
-                        &headers,
-                        &reason,
-                    )
-                    .await
-                } else {
-                    tracing::info!(handler = %self.name, %identity, delivery = delivered, %reason, "rolled back; will retry");
-                    HandlerStats::incr(&self.stats.retried);
-                    let delay = self.config.nak_delay(delivered);
-                    if let Err(e) = broker::nak(msg, delay).await {
-                        tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
-                    }
-                    Outcome::Retried(reason)
-                }
+            Err(failure) => failure,
+        };
+        // Bounded: a statement the runtime abandoned at the deadline is
+        // cancelled by the statement timeout, then the rollback runs.
+        let bound = self.statement_timeout + Duration::from_secs(5);
+        match tokio::time::timeout(bound, tx.rollback()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if health::is_unavailable(&e) => {
+                // The connection broke under the guest: its verdict came from
+                // failed statements, not from the message. Run it again.
+                return Err(Unavailable {
+                    step: "handler transaction",
+                    error: format!("{e} (the guest returned: {failure})"),
+                });
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
+            }
+            Err(_) => {
+                tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
             }
         }
+        let (reason, permanent) = match &failure {
+            HandlerFailure::Reject(r) => (format!("rejected: {r}"), true),
+            HandlerFailure::Retry(r) => (format!("retry: {r}"), false),
+            HandlerFailure::Trap(t) => {
+                HandlerStats::incr(&self.stats.traps);
+                (format!("trap: {t}"), false)
+            }
+        };
+        if permanent {
+            tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
+            return self.dead_letter(d, Some(&identity), &reason).await;
+        }
+        self.retry_or_dead_letter(d, &identity, reason).await
+    }
+
+    /// A failure worth another delivery: nak with the handler's backoff
+    /// delay, or, on the last delivery `max_deliver` allows, a dead letter
+    /// (past it JetStream would stop delivering without telling anyone).
+    async fn retry_or_dead_letter(
+        &self,
+        d: &Delivery<'_>,
+        identity: &str,
+        reason: String,
+    ) -> Result<Outcome, Unavailable> {
+        if d.delivered >= u64::from(self.max_deliver) {
+            let reason = format!(
+                "{reason} (delivery {} of max_deliver {})",
+                d.delivered, self.max_deliver
+            );
+            tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
+            return self.dead_letter(d, Some(identity), &reason).await;
+        }
+        tracing::info!(handler = %self.name, %identity, delivery = d.delivered, %reason, "rolled back; will retry");
+        HandlerStats::incr(&self.stats.retried);
+        let delay = self.config.nak_delay(d.delivered);
+        if let Err(e) = broker::nak(d.msg, delay).await {
+            tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
+        }
+        Ok(Outcome::Retried(reason))
     }
 
     /// `Some(reason)` when a message published at `published_ms` (Unix ms,
@@ -304,62 +338,91 @@ impl Pipeline {
     }
 
     /// Writes the dead letter durably, then terms. If the write fails the
-    /// message is naked instead: nothing is dropped.
+    /// message is not termed: held while the database is unreachable, naked
+    /// otherwise. Nothing is dropped.
     async fn dead_letter(
         &self,
-        msg: &Message,
+        d: &Delivery<'_>,
         message_id: Option<&str>,
-        stream_sequence: u64,
-        subject: &str,
-        headers: &[(String, String)],
         reason: &str,
-    ) -> Outcome {
+    ) -> Result<Outcome, Unavailable> {
         let dl = DeadLetter {
             consumer: &self.name,
             message_id,
             stream: &self.stream,
-            stream_sequence,
-            subject,
+            stream_sequence: d.stream_sequence,
+            subject: &d.subject,
             reason,
-            headers,
-            payload: &msg.payload,
+            headers: &d.headers,
+            payload: &d.msg.payload,
         };
         match self.db.dead_letter(&dl).await {
             Ok(()) => {
                 HandlerStats::incr(&self.stats.dead_lettered);
                 tracing::warn!(handler = %self.name, identity = ?dl.message_id, stream_sequence = dl.stream_sequence, %reason, "dead-lettered");
-                if let Err(e) = broker::term(msg).await {
+                if let Err(e) = broker::term(d.msg).await {
                     tracing::warn!(handler = %self.name, error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
                 }
-                Outcome::DeadLettered(reason.to_string())
+                Ok(Outcome::DeadLettered(reason.to_string()))
             }
+            Err(e) if health::is_unavailable(&e) => Err(Unavailable {
+                step: "dead letter",
+                error: e.to_string(),
+            }),
             Err(e) => {
-                let id = dl.message_id.unwrap_or("<none>").to_string();
-                self.store_failed(msg, &id, "dead letter", e.to_string())
-                    .await
+                HandlerStats::incr(&self.stats.retried);
+                tracing::error!(handler = %self.name, identity = ?dl.message_id, error = %e, "cannot write the dead letter; naked instead, it will be tried again");
+                let delay = self.config.nak_delay(d.delivered);
+                if let Err(e) = broker::nak(d.msg, delay).await {
+                    tracing::warn!(handler = %self.name, error = %e, "nak failed; ack_wait will redeliver");
+                }
+                Ok(Outcome::StoreFailed(format!("dead letter: {e}")))
             }
         }
     }
 
+    /// A database step of the transaction failed: unreachable → `Err` (the
+    /// caller holds the message and waits); any other error (for example a
+    /// deferred constraint checked at COMMIT) is a failed transaction,
+    /// retried like a guest `retry` and dead-lettered on the last delivery.
     async fn store_failed(
         &self,
-        msg: &Message,
+        d: &Delivery<'_>,
         identity: &str,
-        step: &str,
-        error: String,
-    ) -> Outcome {
-        HandlerStats::incr(&self.stats.retried);
-        tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back, message will be redelivered");
-        let delivered = msg
-            .info()
-            .map(|i| u64::try_from(i.delivered).unwrap_or(1))
-            .unwrap_or(1);
-        let delay = self.config.nak_delay(delivered);
-        if let Err(e) = broker::nak(msg, delay).await {
-            tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
+        step: &'static str,
+        error: StoreError,
+    ) -> Result<Outcome, Unavailable> {
+        if health::is_unavailable(&error) {
+            return Err(Unavailable {
+                step,
+                error: error.to_string(),
+            });
         }
-        // Pause this handler briefly so a database outage does not spin through the stream.
-        tokio::time::sleep(delay.min(Duration::from_secs(5))).await;
-        Outcome::StoreFailed(format!("{step}: {error}"))
+        tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back");
+        match self
+            .retry_or_dead_letter(d, identity, format!("{step} failed: {error}"))
+            .await?
+        {
+            Outcome::Retried(reason) => Ok(Outcome::StoreFailed(reason)),
+            other => Ok(other),
+        }
     }
+}
+
+/// One delivery as the protocol reads it.
+struct Delivery<'a> {
+    msg: &'a Message,
+    stream_sequence: u64,
+    /// JetStream's delivery count, 1-based.
+    delivered: u64,
+    /// Publish time, Unix ms (the broker's clock).
+    published_ms: i64,
+    subject: String,
+    headers: Vec<(String, String)>,
+}
+
+/// The database could not be reached at `step`; nothing was settled.
+struct Unavailable {
+    step: &'static str,
+    error: String,
 }

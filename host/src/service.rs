@@ -6,6 +6,7 @@
 
 use crate::broker::{self, Deliveries};
 use crate::config::Config;
+use crate::health::DbHealth;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
 use crate::runtime::{LoadOptions, Runtime};
@@ -19,6 +20,10 @@ use tokio::sync::watch;
 pub struct Host {
     handlers: Vec<RunningHandler>,
     db: Arc<Database>,
+    health: Arc<DbHealth>,
+    /// Turned true when [`Host::run`] stops: ends the consumers and any wait
+    /// for the database.
+    stop: watch::Sender<bool>,
 }
 
 /// Receipts deleted per statement by the pruning task.
@@ -87,13 +92,16 @@ impl Host {
                 })?;
             }
         }
+        let stop = watch::Sender::new(false);
+        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
         let js = broker::connect(&config.broker.url).await?;
         let mut handlers = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
             let consumer = broker::ensure_consumer(&js, h, 1000).await?;
             check_horizon(&js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
-            let mut pipeline = Pipeline::new(h, module, runtime.clone(), db.clone());
+            let mut pipeline =
+                Pipeline::new(h, module, runtime.clone(), db.clone(), health.clone());
             pipeline.db_role = match db.prepare_handler_role(&h.name, &h.tables).await {
                 Ok(role) => role,
                 Err(e) => {
@@ -104,7 +112,12 @@ impl Host {
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler { pipeline, consumer });
         }
-        Ok(Self { handlers, db })
+        Ok(Self {
+            handlers,
+            db,
+            health,
+            stop,
+        })
     }
 
     /// Each handler's counters, by handler name.
@@ -118,23 +131,16 @@ impl Host {
     /// Runs until `shutdown` turns true (or drained, in [`RunMode::Drain`]).
     /// A message in flight at shutdown finishes its protocol step first.
     pub async fn run(self, mode: RunMode, mut shutdown: watch::Receiver<bool>) -> Summary {
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_tx = self.stop.clone();
+        let stop_rx = stop_tx.subscribe();
         let mut tasks = Vec::new();
         for h in &self.handlers {
-            let pipeline = h.pipeline.clone();
-            let mut deliveries =
-                Deliveries::new(h.consumer.clone(), pipeline.pull_batch, &pipeline.name);
-            let mut stop = stop_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let msg = tokio::select! {
-                        biased;
-                        _ = stop.wait_for(|s| *s) => break,
-                        m = deliveries.next() => m,
-                    };
-                    pipeline.process(&msg).await;
-                }
-            }));
+            tasks.push(tokio::spawn(consume(
+                h.pipeline.clone(),
+                Deliveries::new(h.consumer.clone(), h.pipeline.pull_batch, &h.pipeline.name),
+                self.health.clone(),
+                stop_rx.clone(),
+            )));
         }
         let stats = self.stats();
         let pruner = tokio::spawn(prune_forever(
@@ -185,6 +191,51 @@ impl Host {
         let _ = pruner.await;
         stats.into_iter().map(|(n, s)| (n, s.snapshot())).collect()
     }
+}
+
+/// One handler's consuming loop: up to `concurrency` messages in flight,
+/// each running the whole protocol in its own task. Fetches nothing while the
+/// database is down (the open pull request is dropped, see
+/// [`Deliveries::pause`]). At stop, takes no new message and waits for the
+/// ones in flight to settle.
+async fn consume(
+    pipeline: Arc<Pipeline>,
+    mut deliveries: Deliveries,
+    health: Arc<DbHealth>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(pipeline.concurrency.max(1)));
+    let mut in_flight = tokio::task::JoinSet::new();
+    loop {
+        let slot = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        if !health.is_up() {
+            deliveries.pause();
+            if !health.ready().await {
+                break;
+            }
+        }
+        let msg = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            m = deliveries.next() => m,
+        };
+        let p = pipeline.clone();
+        in_flight.spawn(async move {
+            p.process(&msg).await;
+            drop(slot);
+        });
+        while let Some(done) = in_flight.try_join_next() {
+            if let Err(e) = done {
+                tracing::error!(handler = %pipeline.name, error = %e, "a message task failed; its message is redelivered after ack_wait");
+            }
+        }
+    }
+    while in_flight.join_next().await.is_some() {}
 }
 
 /// Refuses a stream that can present a message older than the handler's

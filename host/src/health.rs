@@ -1,0 +1,143 @@
+//! Database availability: which store errors mean "the database cannot be
+//! reached" (as opposed to "this transaction failed"), and the shared gate
+//! every handler waits on while it is unreachable.
+//!
+//! The rule (README, "Failures"): an unreachable database is not the
+//! message's fault, so it must not spend the message's JetStream deliveries
+//! (`max_deliver`) nor end in a dead letter. The handler that hit it holds
+//! its message (in-progress acks keep it ours), every handler stops fetching,
+//! one probe per [`DbHealth`] asks the database with backoff, and when it
+//! answers the held messages run again from BEGIN: the receipt decides
+//! whether an earlier COMMIT whose outcome was unknown had happened.
+
+use crate::store::{Database, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, watch};
+
+/// First wait between two probes of an unreachable database.
+const PROBE_FIRST: Duration = Duration::from_millis(100);
+/// Longest wait between two probes.
+const PROBE_MAX: Duration = Duration::from_secs(5);
+/// Bound on one probe (connect + `SELECT 1`).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// True when `e` says the database could not be reached or dropped the
+/// connection, rather than refusing this transaction:
+/// - driver level: I/O error, TLS failure, protocol error, pool timed out
+///   (no connection could be opened within the acquire timeout), pool
+///   closed, SQLite worker crashed;
+/// - PostgreSQL SQLSTATE class `08` (connection exception), `57P01`
+///   (admin_shutdown, e.g. `pg_terminate_backend`), `57P02` (crash_shutdown),
+///   `57P03` (cannot_connect_now, e.g. starting up), `53300`
+///   (too_many_connections). Source: PostgreSQL manual, Appendix A.
+///
+/// Everything else (a constraint violated at COMMIT, a serialization
+/// failure, a statement timeout) is a failed transaction.
+pub fn is_unavailable(e: &StoreError) -> bool {
+    let StoreError::Sqlx(e) = e;
+    sqlx_unavailable(e)
+}
+
+/// [`is_unavailable`] for a driver error.
+pub fn sqlx_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
+}
+
+/// The availability gate shared by every handler of one host.
+pub struct DbHealth {
+    db: Arc<Database>,
+    /// `true` while the database answers.
+    up: watch::Sender<bool>,
+    /// Only one task probes at a time; the others wait for its verdict.
+    prober: Mutex<()>,
+    /// Turns true at shutdown: a wait for the database gives up.
+    stop: watch::Receiver<bool>,
+}
+
+impl DbHealth {
+    /// A gate for `db`, starting "up". `stop`: the host's shutdown signal.
+    pub fn new(db: Arc<Database>, stop: watch::Receiver<bool>) -> Self {
+        Self {
+            db,
+            up: watch::Sender::new(true),
+            prober: Mutex::new(()),
+            stop,
+        }
+    }
+
+    /// Whether the database answered last time anyone looked.
+    pub fn is_up(&self) -> bool {
+        *self.up.borrow()
+    }
+
+    /// Waits until the database is up (at once if it is). Returns `false`
+    /// if shutdown was requested first.
+    pub async fn ready(&self) -> bool {
+        let mut up = self.up.subscribe();
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => false,
+            r = up.wait_for(|u| *u) => r.is_ok(),
+        }
+    }
+
+    /// Called by a handler whose `step` failed with an unavailable-class
+    /// `error`: marks the database down (logging the change once), probes
+    /// it with backoff (100 ms doubling to 5 s) until it answers, marks it up
+    /// (logging once) and returns `true`. Returns `false` if shutdown was
+    /// requested while waiting.
+    pub async fn wait_until_up(&self, handler: &str, step: &str, error: &str) -> bool {
+        let went_down = self.up.send_if_modified(|up| std::mem::replace(up, false));
+        if went_down {
+            tracing::error!(%handler, %step, %error, "database unavailable; every handler paused, nothing is acked or fetched until it answers");
+        }
+        let mut wait = PROBE_FIRST;
+        let mut stop = self.stop.clone();
+        loop {
+            {
+                let _probing = self.prober.lock().await;
+                if self.is_up() {
+                    return true;
+                }
+                match tokio::time::timeout(PROBE_TIMEOUT, ping(&self.db)).await {
+                    Ok(Ok(())) => {
+                        if self.up.send_if_modified(|up| !std::mem::replace(up, true)) {
+                            tracing::info!("database available again; resuming");
+                        }
+                        return true;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "database probe failed"),
+                    Err(_) => tracing::debug!("database probe timed out"),
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return false,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait = (wait * 2).min(PROBE_MAX);
+        }
+    }
+}
+
+/// `SELECT 1` on a pooled connection (the pool tests a connection before
+/// handing it out, so a dead one left from before an outage is replaced).
+async fn ping(db: &Database) -> Result<(), sqlx::Error> {
+    match db {
+        Database::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        Database::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+    }
+}
