@@ -133,8 +133,9 @@ pub struct HandlerConfig {
     /// sum over handlers must leave one `[database] max_connections` spare.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    /// Messages requested per pull. Keep a full batch well within `ack_wait`
-    /// at the handler's processing rate. Default 16.
+    /// Most messages requested per pull. Default 16; lowered at start so a
+    /// buffered message cannot wait past `ack_wait`
+    /// ([`HandlerConfig::effective_pull_batch`]).
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
     /// Time bound on each statement of a message's transaction (PostgreSQL
@@ -265,6 +266,20 @@ impl HandlerConfig {
             Some(d) => d.0,
             None => self.retry_delay.unwrap_or(Duration::from_secs(1)),
         }
+    }
+
+    /// Messages actually requested per pull: `pull_batch`, capped so that no
+    /// message waits in the client past `ack_wait` before it starts (its
+    /// in-progress keep-alive only runs once it does). The client buffers up
+    /// to 1.5 batches (async-nats asks for the next batch when half of one is
+    /// left) and each of `concurrency` slots may take up to `deadline` + 1 s
+    /// per message, so the cap is
+    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 1.
+    pub fn effective_pull_batch(&self) -> usize {
+        let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
+        let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
+        // Saturating float-to-int cast; `fits` is finite and non-negative.
+        (fits as usize).clamp(1, self.pull_batch.max(1))
     }
 
     /// The effective statement timeout: `statement_timeout`, else `deadline`
@@ -478,6 +493,21 @@ ack_wait = "10s"
             err,
             "handler `credit-projector`: concurrency must be between 1 and 256"
         );
+    }
+
+    #[test]
+    fn pull_batch_is_capped_by_ack_wait() {
+        let mut h = parse(OK).unwrap().handlers.remove(0);
+        // ack_wait 10s, deadline 5s: 10 / (1.5 × 6) = 1.1 → 1.
+        assert_eq!(h.effective_pull_batch(), 1);
+        h.concurrency = 4;
+        assert_eq!(h.effective_pull_batch(), 4);
+        h.ack_wait = Duration::from_secs(30);
+        h.deadline = Duration::from_secs(1);
+        // 30 × 4 / 3 = 40, capped by pull_batch 16.
+        assert_eq!(h.effective_pull_batch(), 16);
+        h.ack_wait = Duration::from_millis(100);
+        assert_eq!(h.effective_pull_batch(), 1);
     }
 
     #[test]

@@ -91,7 +91,7 @@ impl Pipeline {
             stream: cfg.stream.clone(),
             identity: cfg.identity.clone(),
             max_deliver: cfg.max_deliver,
-            pull_batch: cfg.pull_batch,
+            pull_batch: cfg.effective_pull_batch(),
             config: cfg.clone(),
             statement_timeout: cfg.statement_timeout(),
             retention: cfg.retention,
