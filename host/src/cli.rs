@@ -1,8 +1,10 @@
-//! Command line: `idem run --config idem.toml` and `idem publish`.
+//! Command line: `idem run --config idem.toml`, `idem publish`, and the
+//! operator commands `idem dlq …` and `idem receipts …` ([`crate::admin`]).
 
+use crate::admin;
 use crate::config::{Config, IdentityRule};
 use crate::service::{Host, RunMode};
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 /// idem: exactly-once effects in SQL from NATS JetStream, with WebAssembly handlers.
@@ -38,11 +40,114 @@ pub enum Command {
         /// The JSON Lines file.
         file: PathBuf,
     },
+    /// Dead letters: list, show, redrive, drop (uses the database only).
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Receipts: show, prune, forget (uses the database only).
+    Receipts {
+        #[command(subcommand)]
+        command: ReceiptsCommand,
+    },
 }
 
-/// Runs the CLI; returns the process exit code. Every error is printed as one line.
+/// `--config`, as `idem run` takes it.
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Path to the TOML config (its `[database]` is the one used).
+    #[arg(long, short, default_value = "idem.toml")]
+    pub config: PathBuf,
+}
+
+/// One dead letter by id, or all of one handler's.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
+pub struct Which {
+    /// The dead letter's id (`idem dlq list` shows them).
+    pub id: Option<i64>,
+    /// Every dead letter of --handler, in id order.
+    #[arg(long, requires = "handler")]
+    pub all: bool,
+    /// The handler whose dead letters --all takes.
+    #[arg(long, requires = "all")]
+    pub handler: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// One line per dead letter, oldest first.
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this handler's dead letters.
+        #[arg(long)]
+        handler: Option<String>,
+    },
+    /// Every field of one dead letter, with its headers and payload.
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The dead letter's id.
+        id: i64,
+    },
+    /// Run the stored message through its handler again; on success the
+    /// effect commits and the dead letter is removed in one transaction.
+    Redrive {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Delete dead letters without running them.
+    Drop {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        which: Which,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// A handler's receipt count and time span, or one message's receipt.
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The handler (= durable consumer) whose receipts to read.
+        #[arg(long)]
+        handler: String,
+        /// Show this message's receipt (exit 1 when it has none).
+        message_id: Option<String>,
+    },
+    /// Delete receipts older than the retention window now (one pruning pass).
+    Prune {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this handler (default: every handler in the config).
+        #[arg(long)]
+        handler: Option<String>,
+    },
+    /// Delete receipts so that those messages run again if redelivered or replayed.
+    Forget {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The handler whose receipts to forget.
+        #[arg(long)]
+        handler: String,
+        /// The message ids.
+        #[arg(required = true)]
+        message_ids: Vec<String>,
+    },
+}
+
+/// Runs the CLI; returns the process exit code (0 ok, 1 failure). Every
+/// error is printed as one line, usage errors included.
 pub async fn main() -> i32 {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     let result = match cli.command {
         Command::Run { config, drain } => run(&config, drain).await,
         Command::Publish {
@@ -53,12 +158,90 @@ pub async fn main() -> i32 {
         } => crate::publish::publish_file(&broker, &subject, &file, msg_id.as_ref())
             .await
             .map(|n| println!("published {n} messages to {subject}")),
+        Command::Dlq { command } => dlq(command).await,
+        Command::Receipts { command } => receipts(command).await,
     };
     match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("idem: {}", one_line(&e));
             1
+        }
+    }
+}
+
+/// Help and version go to stdout (exit 0); a missing subcommand prints the
+/// help on stderr (exit 1); any other usage error is one line on stderr,
+/// `idem: <what clap said>` with its usage and hint, exit 1.
+fn usage_error(e: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            print!("{}", e.render());
+            return 0;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprint!("{}", e.render());
+            return 1;
+        }
+        _ => {}
+    }
+    let text = e.render().to_string();
+    let text = text.trim_start().strip_prefix("error:").unwrap_or(&text);
+    eprintln!(
+        "idem: {}",
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+    1
+}
+
+async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    match command {
+        DlqCommand::List { config, handler } => {
+            admin::dlq::list(&config.config, handler.as_deref()).await
+        }
+        DlqCommand::Show { config, id } => admin::dlq::show(&config.config, id).await,
+        DlqCommand::Redrive { config, which } => match which.target()? {
+            Target::One(id) => admin::redrive::one(&config.config, id).await,
+            Target::All(handler) => admin::redrive::all(&config.config, &handler).await,
+        },
+        DlqCommand::Drop { config, which } => match which.target()? {
+            Target::One(id) => admin::dlq::drop_one(&config.config, id).await,
+            Target::All(handler) => admin::dlq::drop_all(&config.config, &handler).await,
+        },
+    }
+}
+
+async fn receipts(command: ReceiptsCommand) -> anyhow::Result<()> {
+    match command {
+        ReceiptsCommand::Show {
+            config,
+            handler,
+            message_id,
+        } => admin::receipts::show(&config.config, &handler, message_id.as_deref()).await,
+        ReceiptsCommand::Prune { config, handler } => {
+            admin::receipts::prune(&config.config, handler.as_deref()).await
+        }
+        ReceiptsCommand::Forget {
+            config,
+            handler,
+            message_ids,
+        } => admin::receipts::forget(&config.config, &handler, &message_ids).await,
+    }
+}
+
+enum Target {
+    One(i64),
+    All(String),
+}
+
+impl Which {
+    /// `ID`, or `--handler NAME --all` (clap's group lets only one through).
+    fn target(self) -> anyhow::Result<Target> {
+        match (self.id, self.handler) {
+            (Some(id), _) => Ok(Target::One(id)),
+            (None, Some(handler)) => Ok(Target::All(handler)),
+            (None, None) => anyhow::bail!("give a dead letter id, or --handler NAME --all"),
         }
     }
 }

@@ -2,8 +2,10 @@
 //! component handlers so that each message changes a SQL database exactly once.
 //!
 //! Data flows one way: [`broker`] → [`pipeline`] → [`store`] + [`runtime`] →
-//! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary.
+//! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary;
+//! [`admin`] holds the operator commands on the database.
 
+pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod config;

@@ -19,12 +19,14 @@
 //! and carry on (on PostgreSQL an error would otherwise abort the whole
 //! transaction, and a later `COMMIT` would silently roll back).
 
+mod admin;
 mod pg_role;
 mod postgres;
 mod retention;
 mod sqlite;
 pub mod value;
 
+pub use admin::{ReceiptRow, ReceiptSummary};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 
 pub use value::{DbError, DbErrorKind, Rows, SqlValue};
@@ -73,7 +75,7 @@ pub struct DeadLetter<'a> {
     pub payload: &'a [u8],
 }
 
-/// One stored dead letter, as read back by [`Database::dead_letters`].
+/// One stored dead letter, as read back by [`Database::list_dead_letters`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetterRow {
     /// Row id, increasing in insertion order.
@@ -306,12 +308,10 @@ impl Database {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// `consumer`'s dead letters, oldest first.
+    /// `consumer`'s dead letters, oldest first
+    /// ([`Database::list_dead_letters`] for one consumer).
     pub async fn dead_letters(&self, consumer: &str) -> Result<Vec<DeadLetterRow>, StoreError> {
-        Ok(match self {
-            Database::Postgres(pool) => postgres::dead_letters(pool, consumer).await,
-            Database::Sqlite(pool) => sqlite::dead_letters(pool, consumer).await,
-        }?)
+        self.list_dead_letters(Some(consumer)).await
     }
 
     /// PostgreSQL only: prepares `handler`'s own role (see the `pg_role`

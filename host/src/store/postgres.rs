@@ -2,8 +2,7 @@
 //! mapping of SQLSTATEs and column types to idem's values.
 
 use super::{
-    DeadLetter, DeadLetterRow, RELEASE, Receipt, SAVEPOINT, UNDO, decode_headers, one_line,
-    savepoint_failed, too_many_rows,
+    DeadLetter, RELEASE, Receipt, SAVEPOINT, UNDO, one_line, savepoint_failed, too_many_rows,
 };
 use crate::sql_guard::CheckedSql;
 use crate::store::{DbError, DbErrorKind, Rows, SqlValue};
@@ -128,37 +127,6 @@ pub(super) async fn receipt_count(pool: &PgPool, consumer: &str) -> Result<i64, 
         .bind(consumer)
         .fetch_one(pool)
         .await
-}
-
-pub(super) async fn dead_letters(
-    pool: &PgPool,
-    consumer: &str,
-) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload,
-                (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms
-         FROM idem_dead_letters WHERE consumer = $1 ORDER BY id",
-    )
-    .bind(consumer)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(DeadLetterRow {
-                id: row.try_get("id")?,
-                consumer: row.try_get("consumer")?,
-                message_id: row.try_get("message_id")?,
-                stream: row.try_get("stream")?,
-                stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?)
-                    .unwrap_or(0),
-                subject: row.try_get("subject")?,
-                reason: row.try_get("reason")?,
-                headers: decode_headers(row.try_get("headers")?)?,
-                payload: row.try_get("payload")?,
-                failed_at_ms: row.try_get("failed_at_ms")?,
-            })
-        })
-        .collect()
 }
 
 /// A NULL parameter with no declared type (OID 0): PostgreSQL infers the

@@ -1,0 +1,150 @@
+//! `idem receipts show|prune|forget`: inspect one handler's receipts, run a
+//! pruning pass now, or forget receipts for a deliberate reprocess.
+
+use super::{count, printable, time};
+use crate::config::Config;
+use crate::service::PRUNE_BATCH;
+use crate::store::{Database, PrunePass, ReceiptRow, ReceiptSummary};
+use std::path::Path;
+use std::time::Duration;
+
+/// `idem receipts show --handler NAME`: how many receipts, the oldest and
+/// newest `processed_at`, and the retention window from the config.
+/// With `MESSAGE_ID`: that receipt's fields; none is an error (exit 1, so a
+/// script can test for it), since the message then counts as never processed.
+pub async fn show(config_path: &Path, name: &str, message_id: Option<&str>) -> anyhow::Result<()> {
+    let (config, db) = super::open(config_path).await?;
+    let result = show_on(&config, config_path, &db, name, message_id).await;
+    db.close().await;
+    result
+}
+
+async fn show_on(
+    config: &Config,
+    config_path: &Path,
+    db: &Database,
+    name: &str,
+    message_id: Option<&str>,
+) -> anyhow::Result<()> {
+    let handler = super::handler(config, config_path, name)?;
+    match message_id {
+        None => {
+            let summary = db.receipt_summary(name).await?;
+            print!("{}", summary_text(name, &summary, handler.retention));
+            Ok(())
+        }
+        Some(id) => match db.receipt(name, id).await? {
+            Some(r) => {
+                print!("{}", receipt_text(&r));
+                Ok(())
+            }
+            None => anyhow::bail!(
+                "no receipt for message `{}` of handler `{}`: it was never processed, or its receipt was pruned after the retention window ({}) or forgotten",
+                printable(id),
+                printable(name),
+                humantime::format_duration(handler.retention)
+            ),
+        },
+    }
+}
+
+/// What `idem receipts show --handler NAME` prints.
+pub fn summary_text(name: &str, s: &ReceiptSummary, retention: Duration) -> String {
+    let when = |ms: Option<i64>| ms.map_or("-".to_string(), time);
+    format!(
+        "handler: {}\nreceipts: {}\noldest: {}\nnewest: {}\nretention: {} (older receipts are pruned)\n",
+        printable(name),
+        s.count,
+        when(s.oldest_ms),
+        when(s.newest_ms),
+        humantime::format_duration(retention)
+    )
+}
+
+/// What `idem receipts show --handler NAME MESSAGE_ID` prints.
+pub fn receipt_text(r: &ReceiptRow) -> String {
+    format!(
+        "handler: {}\nmessage id: {}\nstream sequence: {}\nmodule digest: {}\nprocessed at: {}\n",
+        printable(&r.consumer),
+        printable(&r.message_id),
+        r.stream_sequence,
+        r.module_digest,
+        time(r.processed_at_ms)
+    )
+}
+
+/// `idem receipts prune [--handler NAME]`: one pruning pass now, as the
+/// host's pruning task runs it (batches of [`PRUNE_BATCH`], under the prune
+/// lock), over every configured handler or one. Another host holding the
+/// lock is an error (nothing pruned; it is pruning now, run again later).
+pub async fn prune(config_path: &Path, name: Option<&str>) -> anyhow::Result<()> {
+    let (config, db) = super::open(config_path).await?;
+    let result = prune_on(&config, config_path, &db, name).await;
+    db.close().await;
+    result
+}
+
+async fn prune_on(
+    config: &Config,
+    config_path: &Path,
+    db: &Database,
+    name: Option<&str>,
+) -> anyhow::Result<()> {
+    let targets: Vec<(&str, Duration)> = match name {
+        Some(n) => {
+            let h = super::handler(config, config_path, n)?;
+            vec![(h.name.as_str(), h.retention)]
+        }
+        None => config
+            .handlers
+            .iter()
+            .map(|h| (h.name.as_str(), h.retention))
+            .collect(),
+    };
+    match db.prune_pass(&targets, PRUNE_BATCH).await? {
+        PrunePass::Pruned(counts) => {
+            for ((handler, retention), n) in targets.iter().zip(counts) {
+                println!(
+                    "handler {}: pruned {} older than {}",
+                    printable(handler),
+                    count(n, "receipt", "receipts"),
+                    humantime::format_duration(*retention)
+                );
+            }
+            Ok(())
+        }
+        PrunePass::Skipped => anyhow::bail!(
+            "another host holds the prune lock and is pruning now; nothing pruned here, run again later"
+        ),
+    }
+}
+
+/// `idem receipts forget --handler NAME MESSAGE_ID...`: deletes those
+/// receipts in one transaction, prints how many existed, and warns on
+/// stderr that a redelivery or replay of those ids will run again.
+pub async fn forget(config_path: &Path, name: &str, message_ids: &[String]) -> anyhow::Result<()> {
+    let (config, db) = super::open(config_path).await?;
+    let result = match super::handler(&config, config_path, name) {
+        Ok(_) => db
+            .forget_receipts(name, message_ids)
+            .await
+            .map_err(Into::into),
+        Err(e) => Err(e),
+    };
+    db.close().await;
+    let forgotten = result?;
+    let given = u64::try_from(message_ids.len()).unwrap_or(u64::MAX);
+    println!(
+        "handler {}: forgot {} ({} given)",
+        printable(name),
+        count(forgotten, "receipt", "receipts"),
+        count(given, "message id", "message ids")
+    );
+    if forgotten > 0 {
+        eprintln!(
+            "warning: a redelivery or replay of the forgotten message ids now runs handler {} again",
+            printable(name)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! `idem dlq redrive`: run a dead letter's stored message through its
+//! handler again, in one transaction that also removes the dead-letter row.
+//!
+//! ```text
+//! BEGIN (bounded like a message's transaction)
+//!   DELETE the dead-letter row RETURNING it   (locks it: a second redrive waits)
+//!   INSERT receipt (handler, message id) ON CONFLICT DO NOTHING
+//!     0 rows → COMMIT (the effect is already there; only the row goes)
+//!   SET LOCAL ROLE idem_handler_<name>        (PostgreSQL, as `idem run`)
+//!   run the guest on the stored message
+//!     ok                   → COMMIT: effect, receipt and removal together
+//!     retry / reject / trap → ROLLBACK: nothing changed, the row stays
+//! ```
+//!
+//! The handler's component, SQL guard, limits and role are set up as
+//! `idem run` sets them up ([`Pipeline::new`], [`Runtime::load`],
+//! [`Database::prepare_handler_role`]). The guest sees the stored subject,
+//! headers, payload and stream sequence, `delivery_count` 1, and as
+//! `published_ms` the time the message was dead-lettered (the publish time
+//! is not stored; it is no earlier than that).
+
+use super::{count, printable};
+use crate::config::{Config, HandlerConfig};
+use crate::health::DbHealth;
+use crate::pipeline::Pipeline;
+use crate::runtime::{GuestMessage, HandlerFailure, Invocation, LoadOptions, Runtime};
+use crate::store::{Database, DeadLetterRow, Receipt, StoreError};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What one redrive did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redriven {
+    /// The guest succeeded: its effect, the receipt and the removal committed.
+    Processed,
+    /// A receipt existed: the effect was already there; only the row was removed.
+    AlreadyProcessed,
+    /// The guest failed (`rejected: …`, `retry: …`, `trap: …`): rolled back, the row stays.
+    Failed(String),
+    /// No dead letter with that id any more (dropped or redriven meanwhile).
+    Gone,
+    /// COMMIT failed: whether it happened is unknown (the error says why).
+    CommitUnknown(String),
+}
+
+/// One handler, loaded as `idem run` loads it, ready to redrive its dead letters.
+pub struct Redriver {
+    pipeline: Pipeline,
+    /// Ends the health gate's waits; the admin command never waits for the database.
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Redriver {
+    /// Loads `handler`'s component and prepares its guard, limits and
+    /// (PostgreSQL) role. A role that cannot be set up is warned about and
+    /// the guard alone checks the statements, as in `idem run`.
+    pub async fn new(handler: &HandlerConfig, db: Arc<Database>) -> anyhow::Result<Self> {
+        let runtime = Arc::new(
+            Runtime::new().map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
+        );
+        let module = runtime
+            .load(&handler.module, LoadOptions { wasi: handler.wasi })
+            .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
+        let stop = tokio::sync::watch::Sender::new(true);
+        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
+        let mut pipeline = Pipeline::new(handler, module, runtime, db.clone(), health);
+        pipeline.db_role = match db
+            .prepare_handler_role(&handler.name, &handler.tables)
+            .await
+        {
+            Ok(role) => role,
+            Err(e) => {
+                tracing::warn!(handler = %handler.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
+                None
+            }
+        };
+        Ok(Self {
+            pipeline,
+            _stop: stop,
+        })
+    }
+
+    /// Redrives dead letter `id` in one transaction (see the module docs).
+    /// `identity` is its message id, read before: a row without one is
+    /// never passed here. Errors: a database step before COMMIT failed
+    /// (rolled back; a failed COMMIT is [`Redriven::CommitUnknown`]).
+    pub async fn redrive(&self, id: i64, identity: &str) -> Result<Redriven, StoreError> {
+        let p = &self.pipeline;
+        let mut tx = p.db.begin_bounded(p.statement_timeout).await?;
+        let Some(row) = tx.take_dead_letter(id).await? else {
+            tx.rollback().await?;
+            return Ok(Redriven::Gone);
+        };
+        if row.consumer != *p.name || row.message_id.as_deref() != Some(identity) {
+            // Not the row that was read (ids are never reused; this is a guard).
+            tx.rollback().await?;
+            return Ok(Redriven::Gone);
+        }
+        let receipt = Receipt {
+            consumer: &p.name,
+            message_id: identity,
+            stream_sequence: row.stream_sequence,
+            module_digest: p.module.digest(),
+        };
+        if !tx.insert_receipt(&receipt).await? {
+            return Ok(match tx.commit().await {
+                Ok(()) => Redriven::AlreadyProcessed,
+                Err(e) => Redriven::CommitUnknown(e.to_string()),
+            });
+        }
+        if let Some(role) = &p.db_role {
+            tx.enter_handler_role(role).await?;
+        }
+        let call = Invocation {
+            handler: p.name.clone(),
+            identity: identity.to_owned(),
+            guard: p.guard.clone(),
+            limits: p.limits.clone(),
+            stats: p.stats.clone(),
+        };
+        let (result, tx) = p.runtime.handle(&p.module, &call, tx, message(row)).await;
+        let failure = match result {
+            Ok(()) => {
+                return Ok(match tx.commit().await {
+                    Ok(()) => Redriven::Processed,
+                    Err(e) => Redriven::CommitUnknown(e.to_string()),
+                });
+            }
+            Err(failure) => failure,
+        };
+        // Bounded as in the pipeline: a statement abandoned at the deadline
+        // is cancelled by the statement timeout first.
+        let bound = p.statement_timeout + Duration::from_secs(5);
+        match tokio::time::timeout(bound, tx.rollback()).await {
+            Ok(result) => result?,
+            Err(_) => {
+                tracing::error!(handler = %p.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
+            }
+        }
+        Ok(Redriven::Failed(match failure {
+            HandlerFailure::Reject(r) => format!("rejected: {r}"),
+            HandlerFailure::Retry(r) => format!("retry: {r}"),
+            HandlerFailure::Trap(t) => format!("trap: {t}"),
+        }))
+    }
+}
+
+/// The stored message as the guest sees it on a redrive.
+fn message(row: DeadLetterRow) -> GuestMessage {
+    GuestMessage {
+        identity: row.message_id.unwrap_or_default(),
+        subject: row.subject,
+        headers: row.headers,
+        payload: row.payload,
+        stream_sequence: row.stream_sequence,
+        delivery_count: 1,
+        published_ms: row.failed_at_ms,
+    }
+}
+
+/// `dead letter 5 (handler credit, message evt_1)`.
+fn describe(row: &DeadLetterRow) -> String {
+    format!(
+        "dead letter {} (handler {}, message {})",
+        row.id,
+        printable(&row.consumer),
+        row.message_id.as_deref().map_or("-".to_string(), printable)
+    )
+}
+
+/// Why a dead letter without a message id is not redriven.
+fn no_identity(row: &DeadLetterRow) -> String {
+    format!(
+        "{} has no message id ({}), so a redrive cannot be proven new; drop it with `idem dlq drop {}`, or republish the message with an id",
+        describe(row),
+        printable(&row.reason),
+        row.id
+    )
+}
+
+/// Warns (stderr) before redriving a message that was quarantined because
+/// its receipt may have been pruned.
+fn warn_if_beyond_horizon(row: &DeadLetterRow) {
+    if row.reason.starts_with("beyond-horizon:") {
+        eprintln!(
+            "warning: {} was quarantined beyond the retention window; if its receipt was pruned, this redrive applies its effect a second time",
+            describe(row)
+        );
+    }
+}
+
+/// The line printed for one outcome, and whether the row is gone.
+fn outcome_line(row: &DeadLetterRow, outcome: &Result<Redriven, StoreError>) -> (String, bool) {
+    let what = describe(row);
+    match outcome {
+        Ok(Redriven::Processed) => (format!("{what}: processed; dead letter removed"), true),
+        Ok(Redriven::AlreadyProcessed) => (
+            format!("{what}: already processed; dead letter removed"),
+            true,
+        ),
+        Ok(Redriven::Failed(reason)) => (
+            format!(
+                "{what} failed again: {}; rolled back, the dead letter stays",
+                printable(reason)
+            ),
+            false,
+        ),
+        Ok(Redriven::Gone) => (
+            format!("{what} is gone (dropped or redriven meanwhile)"),
+            false,
+        ),
+        Ok(Redriven::CommitUnknown(e)) => (
+            format!(
+                "{what}: COMMIT failed, its outcome is unknown ({}); `idem dlq show {}` tells whether the dead letter is still there",
+                printable(e),
+                row.id
+            ),
+            false,
+        ),
+        Err(e) => (
+            format!(
+                "{what}: {}; rolled back, the dead letter stays",
+                printable(&e.to_string())
+            ),
+            false,
+        ),
+    }
+}
+
+/// `idem dlq redrive ID`.
+pub async fn one(config_path: &Path, id: i64) -> anyhow::Result<()> {
+    let (config, db) = super::open(config_path).await?;
+    let db = Arc::new(db);
+    let result = one_on(&config, config_path, &db, id).await;
+    db.close().await;
+    result
+}
+
+async fn one_on(
+    config: &Config,
+    config_path: &Path,
+    db: &Arc<Database>,
+    id: i64,
+) -> anyhow::Result<()> {
+    let row = db
+        .dead_letter_by_id(id)
+        .await?
+        .ok_or_else(|| super::dlq::no_such(id))?;
+    let Some(identity) = row.message_id.clone() else {
+        anyhow::bail!(no_identity(&row));
+    };
+    let handler = config
+        .handlers
+        .iter()
+        .find(|h| h.name == row.consumer)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{} belongs to handler `{}`, which is not in {}; add that handler to the config (or pass its config with --config), or drop the dead letter with `idem dlq drop {id}`",
+                describe(&row),
+                printable(&row.consumer),
+                config_path.display()
+            )
+        })?;
+    let redriver = Redriver::new(handler, db.clone()).await?;
+    warn_if_beyond_horizon(&row);
+    let outcome = redriver.redrive(id, &identity).await;
+    let (line, ok) = outcome_line(&row, &outcome);
+    if ok {
+        println!("{line}");
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(line))
+    }
+}
+
+/// `idem dlq redrive --handler NAME --all`: every dead letter of the
+/// handler in id order, each in its own transaction, past failures; one
+/// line each, then a summary. An error (exit 1) when any stays.
+pub async fn all(config_path: &Path, handler: &str) -> anyhow::Result<()> {
+    let (config, db) = super::open(config_path).await?;
+    let db = Arc::new(db);
+    let result = all_on(&config, config_path, &db, handler).await;
+    db.close().await;
+    result
+}
+
+async fn all_on(
+    config: &Config,
+    config_path: &Path,
+    db: &Arc<Database>,
+    name: &str,
+) -> anyhow::Result<()> {
+    let handler = super::handler(config, config_path, name)?;
+    let rows = db.list_dead_letters(Some(name)).await?;
+    if rows.is_empty() {
+        println!("no dead letters of handler {}", printable(name));
+        return Ok(());
+    }
+    let redriver = Redriver::new(handler, db.clone()).await?;
+    let (mut processed, mut already, mut failed, mut skipped) = (0u64, 0u64, 0u64, 0u64);
+    for row in &rows {
+        let Some(identity) = &row.message_id else {
+            println!("{}", no_identity(row));
+            skipped += 1;
+            continue;
+        };
+        warn_if_beyond_horizon(row);
+        let outcome = redriver.redrive(row.id, identity).await;
+        match outcome {
+            Ok(Redriven::Processed) => processed += 1,
+            Ok(Redriven::AlreadyProcessed) => already += 1,
+            Ok(Redriven::Gone) => {}
+            Ok(Redriven::Failed(_) | Redriven::CommitUnknown(_)) | Err(_) => failed += 1,
+        }
+        println!("{}", outcome_line(row, &outcome).0);
+    }
+    println!(
+        "handler {}: {} processed, {} already processed, {} failed, {} without a message id",
+        printable(name),
+        processed,
+        already,
+        failed,
+        skipped
+    );
+    let stay = failed + skipped;
+    if stay > 0 {
+        anyhow::bail!(
+            "{} of handler {} not redriven (see above); they stay",
+            count(stay, "dead letter", "dead letters"),
+            printable(name)
+        );
+    }
+    Ok(())
+}
