@@ -30,10 +30,12 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
 /// A configuration error, one line: what is wrong and where.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    /// The file cannot be read. `error` is not a `#[source]`: the message
+    /// already carries it, and `{:#}` would print it twice.
+    #[error("cannot read config {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("invalid config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
@@ -311,9 +313,9 @@ impl Config {
 
     /// Reads, parses and validates `path`; resolves relative paths against its directory.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),

@@ -22,6 +22,7 @@ use crate::health::{self, DbHealth};
 use crate::metrics::HandlerStats;
 use crate::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
+use crate::store::Tx;
 use crate::store::{Database, DeadLetter, Receipt, StoreError};
 use async_nats::jetstream::Message;
 use std::sync::Arc;
@@ -226,19 +227,8 @@ impl Pipeline {
             delivery_count: d.delivered,
             published_ms: d.published_ms,
         };
-        let call = Invocation {
-            handler: self.name.clone(),
-            identity: identity.clone(),
-            guard: self.guard.clone(),
-            limits: self.limits.clone(),
-            stats: self.stats.clone(),
-        };
-        let (result, tx) = self
-            .runtime
-            .handle(&self.module, &call, tx, guest_msg)
-            .await;
-        let failure = match result {
-            Ok(()) => {
+        let (failure, rollback) = match self.run_guest(tx, &identity, guest_msg).await {
+            Ok(tx) => {
                 if let Err(e) = tx.commit().await {
                     // Failed, or outcome unknown: never ack. An unknown outcome
                     // runs again, where the receipt decides.
@@ -250,41 +240,66 @@ impl Pipeline {
                 }
                 return Ok(Outcome::Processed);
             }
-            Err(failure) => failure,
+            Err(failed) => failed,
         };
-        // Bounded: a statement the runtime abandoned at the deadline is
-        // cancelled by the statement timeout, then the rollback runs.
-        let bound = self.statement_timeout + Duration::from_secs(5);
-        match tokio::time::timeout(bound, tx.rollback()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if health::is_unavailable(&e) => {
-                // The connection broke under the guest: its verdict came from
-                // failed statements, not from the message. Run it again.
-                return Err(Unavailable {
-                    step: "handler transaction",
-                    error: format!("{e} (the guest returned: {failure})"),
-                });
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
-            }
-            Err(_) => {
-                tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
-            }
+        if let Rollback::Failed(e) = &rollback
+            && health::is_unavailable(e)
+        {
+            // The connection broke under the guest: its verdict came from
+            // failed statements, not from the message. Run it again.
+            return Err(Unavailable {
+                step: "handler transaction",
+                error: format!("{e} (the guest returned {failure})"),
+            });
         }
-        let (reason, permanent) = match &failure {
-            HandlerFailure::Reject(r) => (format!("rejected: {r}"), true),
-            HandlerFailure::Retry(r) => (format!("retry: {r}"), false),
-            HandlerFailure::Trap(t) => {
-                HandlerStats::incr(&self.stats.traps);
-                (format!("trap: {t}"), false)
-            }
-        };
-        if permanent {
+        if matches!(failure, HandlerFailure::Trap(_)) {
+            HandlerStats::incr(&self.stats.traps);
+        }
+        let reason = failure.reason();
+        if failure.is_permanent() {
             tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
             return self.dead_letter(d, Some(&identity), &reason).await;
         }
         self.retry_or_dead_letter(d, &identity, reason).await
+    }
+
+    /// Runs the guest on `msg` inside `tx`, which already holds the message's
+    /// new receipt (and, on PostgreSQL, the handler role). `Ok(tx)`: the
+    /// guest succeeded, commit `tx`. `Err`: the guest failed and `tx` was
+    /// rolled back, bounded by `statement_timeout` + 5 s (a statement the
+    /// runtime abandoned at the deadline is cancelled by the statement
+    /// timeout first); how the rollback ended is returned with the failure.
+    /// Used by the pipeline and by `idem dlq redrive`.
+    pub async fn run_guest(
+        &self,
+        tx: Tx,
+        identity: &str,
+        msg: GuestMessage,
+    ) -> Result<Tx, (HandlerFailure, Rollback)> {
+        let call = Invocation {
+            handler: self.name.clone(),
+            identity: identity.to_owned(),
+            guard: self.guard.clone(),
+            limits: self.limits.clone(),
+            stats: self.stats.clone(),
+        };
+        let (result, tx) = self.runtime.handle(&self.module, &call, tx, msg).await;
+        let Err(failure) = result else {
+            return Ok(tx);
+        };
+        let bound = self.statement_timeout + Duration::from_secs(5);
+        let rollback = match tokio::time::timeout(bound, tx.rollback()).await {
+            Ok(Ok(())) => Rollback::Done,
+            Ok(Err(e)) => {
+                tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
+                Rollback::Failed(e)
+            }
+            Err(_) => {
+                tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
+                Rollback::TimedOut
+            }
+        };
+        Err((failure, rollback))
     }
 
     /// A failure worth another delivery: nak with the handler's backoff
@@ -407,6 +422,17 @@ impl Pipeline {
             other => Ok(other),
         }
     }
+}
+
+/// How the rollback after a failed guest call ended (see [`Pipeline::run_guest`]).
+/// In every case nothing of the transaction was committed.
+#[derive(Debug)]
+pub enum Rollback {
+    Done,
+    /// The rollback itself failed (the connection is discarded).
+    Failed(StoreError),
+    /// It did not finish within `statement_timeout` + 5 s; the connection was abandoned.
+    TimedOut,
 }
 
 /// One delivery as the protocol reads it.

@@ -23,11 +23,10 @@ use super::{count, printable};
 use crate::config::{Config, HandlerConfig};
 use crate::health::DbHealth;
 use crate::pipeline::Pipeline;
-use crate::runtime::{GuestMessage, HandlerFailure, Invocation, LoadOptions, Runtime};
+use crate::runtime::{GuestMessage, LoadOptions, Runtime};
 use crate::store::{Database, DeadLetterRow, Receipt, StoreError};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What one redrive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,37 +111,13 @@ impl Redriver {
         if let Some(role) = &p.db_role {
             tx.enter_handler_role(role).await?;
         }
-        let call = Invocation {
-            handler: p.name.clone(),
-            identity: identity.to_owned(),
-            guard: p.guard.clone(),
-            limits: p.limits.clone(),
-            stats: p.stats.clone(),
-        };
-        let (result, tx) = p.runtime.handle(&p.module, &call, tx, message(row)).await;
-        let failure = match result {
-            Ok(()) => {
-                return Ok(match tx.commit().await {
-                    Ok(()) => Redriven::Processed,
-                    Err(e) => Redriven::CommitUnknown(e.to_string()),
-                });
-            }
-            Err(failure) => failure,
-        };
-        // Bounded as in the pipeline: a statement abandoned at the deadline
-        // is cancelled by the statement timeout first.
-        let bound = p.statement_timeout + Duration::from_secs(5);
-        match tokio::time::timeout(bound, tx.rollback()).await {
-            Ok(result) => result?,
-            Err(_) => {
-                tracing::error!(handler = %p.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
-            }
+        match p.run_guest(tx, identity, message(row)).await {
+            Ok(tx) => Ok(match tx.commit().await {
+                Ok(()) => Redriven::Processed,
+                Err(e) => Redriven::CommitUnknown(e.to_string()),
+            }),
+            Err((failure, _rollback)) => Ok(Redriven::Failed(failure.reason())),
         }
-        Ok(Redriven::Failed(match failure {
-            HandlerFailure::Reject(r) => format!("rejected: {r}"),
-            HandlerFailure::Retry(r) => format!("retry: {r}"),
-            HandlerFailure::Trap(t) => format!("trap: {t}"),
-        }))
     }
 }
 

@@ -134,6 +134,23 @@ pub enum HandlerFailure {
     Trap(String),
 }
 
+impl HandlerFailure {
+    /// The reason recorded in a dead letter and the logs:
+    /// `rejected: …`, `retry: …` or `trap: …`.
+    pub fn reason(&self) -> String {
+        match self {
+            HandlerFailure::Reject(r) => format!("rejected: {r}"),
+            HandlerFailure::Retry(r) => format!("retry: {r}"),
+            HandlerFailure::Trap(t) => format!("trap: {t}"),
+        }
+    }
+
+    /// True for a `reject`: another delivery would fail the same way.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, HandlerFailure::Reject(_))
+    }
+}
+
 /// The engine, the linkers and the epoch ticker. Share one per process.
 pub struct Runtime {
     engine: Engine,
