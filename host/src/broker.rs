@@ -185,9 +185,16 @@ impl Deliveries {
                 Some(Err(e)) => {
                     use pull::MessagesErrorKind as K;
                     tracing::warn!(handler = %self.handler, error = %e, "consumer stream error; still pulling");
+                    // A missed heartbeat also means no pull request is open on
+                    // the server: async-nats 0.51 can miscount its pending
+                    // messages (a reply arriving before its request's result)
+                    // and then never pull again. Start a fresh pull stream.
                     if matches!(
                         e.kind(),
-                        K::ConsumerDeleted | K::RequestLimitExceeded | K::PushBasedConsumer
+                        K::ConsumerDeleted
+                            | K::RequestLimitExceeded
+                            | K::PushBasedConsumer
+                            | K::MissingHeartbeat
                     ) {
                         self.stream = None;
                     }

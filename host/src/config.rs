@@ -27,6 +27,10 @@ use std::time::Duration;
 /// in the working directory, so a first run needs nothing but the broker.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
 
+/// The smallest pull batch idem asks for (see
+/// [`HandlerConfig::effective_pull_batch`]).
+pub const MIN_PULL_BATCH: usize = 2;
+
 /// A configuration error, one line: what is wrong and where.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -136,7 +140,7 @@ pub struct HandlerConfig {
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
     /// Most messages requested per pull. Default 16; lowered at start so a
-    /// buffered message cannot wait past `ack_wait`
+    /// buffered message cannot wait past `ack_wait`, never below 2
     /// ([`HandlerConfig::effective_pull_batch`]).
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
@@ -276,12 +280,15 @@ impl HandlerConfig {
     /// to 1.5 batches (async-nats asks for the next batch when half of one is
     /// left) and each of `concurrency` slots may take up to `deadline` + 1 s
     /// per message, so the cap is
-    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 1.
+    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 2:
+    /// async-nats 0.51 asks for the next batch when at most half a batch is
+    /// pending, and with a batch of 1 a reply that overtakes its request's
+    /// result leaves the stream waiting for a message that never comes.
     pub fn effective_pull_batch(&self) -> usize {
         let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
         let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
         // Saturating float-to-int cast; `fits` is finite and non-negative.
-        (fits as usize).clamp(1, self.pull_batch.max(1))
+        (fits as usize).min(self.pull_batch).max(MIN_PULL_BATCH)
     }
 
     /// The effective statement timeout: `statement_timeout`, else `deadline`
@@ -500,8 +507,8 @@ ack_wait = "10s"
     #[test]
     fn pull_batch_is_capped_by_ack_wait() {
         let mut h = parse(OK).unwrap().handlers.remove(0);
-        // ack_wait 10s, deadline 5s: 10 / (1.5 × 6) = 1.1 → 1.
-        assert_eq!(h.effective_pull_batch(), 1);
+        // ack_wait 10s, deadline 5s: 10 / (1.5 × 6) = 1.1 → 1, raised to 2.
+        assert_eq!(h.effective_pull_batch(), 2);
         h.concurrency = 4;
         assert_eq!(h.effective_pull_batch(), 4);
         h.ack_wait = Duration::from_secs(30);
@@ -509,7 +516,9 @@ ack_wait = "10s"
         // 30 × 4 / 3 = 40, capped by pull_batch 16.
         assert_eq!(h.effective_pull_batch(), 16);
         h.ack_wait = Duration::from_millis(100);
-        assert_eq!(h.effective_pull_batch(), 1);
+        assert_eq!(h.effective_pull_batch(), 2);
+        h.pull_batch = 1;
+        assert_eq!(h.effective_pull_batch(), 2);
     }
 
     #[test]

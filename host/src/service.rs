@@ -100,8 +100,8 @@ impl Host {
             let consumer = broker::ensure_consumer(&js, h, 1000).await?;
             check_horizon(&js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
-            if h.effective_pull_batch() < h.pull_batch {
-                tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch lowered so no buffered message waits past ack_wait (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
+            if h.effective_pull_batch() != h.pull_batch {
+                tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
             let mut pipeline =
                 Pipeline::new(h, module, runtime.clone(), db.clone(), health.clone());

@@ -8,6 +8,8 @@
 //! drop one database per test).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod pg_cluster;
+
 use idem::config::Config;
 use idem::metrics::{HandlerStats, StatsSnapshot};
 use idem::service::{Host, RunMode, Summary};
