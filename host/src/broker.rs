@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures::StreamExt;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
 /// heartbeat when no messages flow; two missed ones surface as an error item).
@@ -24,12 +25,38 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long one pull request stays open on the server.
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
+/// A connection to the broker: the JetStream context, and a counter of
+/// (re)connections that [`Deliveries`] watches to start a fresh pull after a
+/// reconnect instead of waiting for missed heartbeats.
+#[derive(Clone)]
+pub struct Broker {
+    pub js: jetstream::Context,
+    connections: watch::Receiver<u64>,
+}
+
 /// Connects to the broker. Error: one line naming the URL and what to check.
-pub async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
+/// The client reconnects by itself for ever after a lost connection.
+pub async fn connect(url: &str) -> anyhow::Result<Broker> {
+    let (count, connections) = watch::channel(0u64);
     let client = async_nats::ConnectOptions::new()
         .name("idem")
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
+        .event_callback(move |event| {
+            let count = count.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        count.send_modify(|n| *n += 1);
+                        tracing::info!("connected to NATS");
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("disconnected from NATS; reconnecting");
+                    }
+                    other => tracing::debug!(event = %other, "NATS client event"),
+                }
+            }
+        })
         .connect(url)
         .await
         .with_context(|| format!("cannot connect to NATS at {url}; check [broker] url and that nats-server runs with -js"))?;
@@ -38,7 +65,10 @@ pub async fn connect(url: &str) -> anyhow::Result<jetstream::Context> {
         .await
         .map_err(|_| anyhow::anyhow!("cannot reach NATS at {url} within 10s; check [broker] url and that nats-server runs"))?
         .with_context(|| format!("cannot reach NATS at {url}"))?;
-    Ok(jetstream::new(client))
+    Ok(Broker {
+        js: jetstream::new(client),
+        connections,
+    })
 }
 
 /// Makes sure the handler's stream exists (creating it with the handler's
@@ -122,6 +152,7 @@ pub async fn stream_max_age(
 /// underlying pull stream are logged and survived; only shutdown ends it.
 pub struct Deliveries {
     consumer: jetstream::consumer::Consumer<pull::Config>,
+    connections: watch::Receiver<u64>,
     batch: usize,
     stream: Option<pull::Stream>,
     handler: String,
@@ -131,12 +162,16 @@ impl Deliveries {
     /// `batch`: messages requested per pull; keep it small enough that a full
     /// batch is processed well within `ack_wait`.
     pub fn new(
+        broker: &Broker,
         consumer: jetstream::consumer::Consumer<pull::Config>,
         batch: usize,
         handler: &str,
     ) -> Self {
+        let mut connections = broker.connections.clone();
+        connections.mark_unchanged();
         Self {
             consumer,
+            connections,
             batch: batch.max(1),
             stream: None,
             handler: handler.to_string(),
@@ -180,7 +215,16 @@ impl Deliveries {
             let Some(stream) = self.stream.as_mut() else {
                 continue;
             };
-            match stream.next().await {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                _ = self.connections.changed() => {
+                    // Reconnected: the server forgot the open pull request.
+                    tracing::info!(handler = %self.handler, "reconnected to NATS; pulling again");
+                    self.stream = None;
+                    continue;
+                }
+            };
+            match item {
                 Some(Ok(msg)) => return msg,
                 Some(Err(e)) => {
                     use pull::MessagesErrorKind as K;

@@ -21,6 +21,7 @@ pub struct Host {
     handlers: Vec<RunningHandler>,
     db: Arc<Database>,
     health: Arc<DbHealth>,
+    nats: broker::Broker,
     /// Turned true when [`Host::run`] stops: ends the consumers and any wait
     /// for the database.
     stop: watch::Sender<bool>,
@@ -94,11 +95,12 @@ impl Host {
         }
         let stop = watch::Sender::new(false);
         let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
-        let js = broker::connect(&config.broker.url).await?;
+        let nats = broker::connect(&config.broker.url).await?;
+        let js = &nats.js;
         let mut handlers = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
-            let consumer = broker::ensure_consumer(&js, h, 1000).await?;
-            check_horizon(&js, h).await?;
+            let consumer = broker::ensure_consumer(js, h, 1000).await?;
+            check_horizon(js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
             if h.effective_pull_batch() != h.pull_batch {
                 tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
@@ -119,6 +121,7 @@ impl Host {
             handlers,
             db,
             health,
+            nats,
             stop,
         })
     }
@@ -140,7 +143,12 @@ impl Host {
         for h in &self.handlers {
             tasks.push(tokio::spawn(consume(
                 h.pipeline.clone(),
-                Deliveries::new(h.consumer.clone(), h.pipeline.pull_batch, &h.pipeline.name),
+                Deliveries::new(
+                    &self.nats,
+                    h.consumer.clone(),
+                    h.pipeline.pull_batch,
+                    &h.pipeline.name,
+                ),
                 self.health.clone(),
                 stop_rx.clone(),
             )));

@@ -8,6 +8,7 @@
 //! drop one database per test).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod chaos;
 pub mod pg_cluster;
 
 use idem::config::Config;
@@ -92,6 +93,16 @@ impl Nats {
             assert!(Instant::now() < deadline, "nats-server did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port and
+    /// store directory: JetStream state (streams, consumers) persists.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.spawn();
     }
 
     pub fn url(&self) -> String {
