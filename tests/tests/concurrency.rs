@@ -88,3 +88,93 @@ async fn two_hosts_one_event_in_flight_twice_postgres() {
     host_a.stop().await;
     host_b.stop().await;
 }
+
+/// With `concurrency = n`, one host runs exactly `n` messages at once: the
+/// test holds a row lock every message needs, and counts the host's
+/// transactions waiting on it (PostgreSQL's `pg_stat_activity`), which must
+/// reach `n` and never exceed it; released, all messages apply once.
+async fn runs_exactly_concurrency_messages_at_once(n: i64) {
+    const EVENTS: i64 = 8;
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("credit-projector", "credit");
+    // A long deadline: the blocked statements must not trap while the test looks.
+    h.extra = format!("concurrency = {n}\ndeadline = \"60s\"\nack_wait = \"30s\"\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+
+    let mut locker = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES (73, 0)")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let mut lock_tx = locker.begin().await.unwrap();
+    sqlx::query("SELECT balance FROM accounts WHERE account_id = 73 FOR UPDATE")
+        .execute(&mut *lock_tx)
+        .await
+        .unwrap();
+
+    let js = nats.jetstream().await;
+    for i in 0..EVENTS {
+        publish(
+            &js,
+            "accounts.credit",
+            &credit(&format!("evt_{i}"), 73, 10 + i),
+            &[],
+        )
+        .await;
+    }
+    let waiting = || async {
+        db.scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            .await
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while waiting().await < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} messages in flight",
+            waiting().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Give a would-be extra message time to start, then count again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(waiting().await, n, "messages in flight at once");
+    assert_eq!(host.stats("credit-projector").processed, 0);
+    lock_tx.rollback().await.unwrap();
+
+    let s = host
+        .wait_for("credit-projector", "every message applied", |s| {
+            s.processed == EVENTS as u64
+        })
+        .await;
+    assert_eq!(
+        (
+            s.delivered,
+            s.processed,
+            s.duplicates,
+            s.retried,
+            s.dead_lettered
+        ),
+        (EVENTS as u64, EVENTS as u64, 0, 0, 0)
+    );
+    // 10 + 11 + … + 17
+    assert_eq!(
+        db.balance(73).await,
+        Some((0..EVENTS).map(|i| 10 + i).sum())
+    );
+    assert_eq!(db.receipts("credit-projector").await, EVENTS);
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_three_runs_three_at_once_postgres() {
+    runs_exactly_concurrency_messages_at_once(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_one_runs_one_at_a_time_postgres() {
+    runs_exactly_concurrency_messages_at_once(1).await;
+}
