@@ -19,7 +19,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 # package name -> output name (the cdylib file is the package name with - as _).
-guests=(credit behave wrong-world)
+guests=(credit likes projection parcel counter behave wrong-world)
 
 wasm_tools="${WASM_TOOLS:-}"
 if [[ -z "$wasm_tools" ]]; then
