@@ -8,4 +8,4 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 . scripts/setup.sh
 bash scripts/build-guests.sh
-cargo test --workspace --exclude credit --exclude idem-guest "$@"
+cargo test --workspace --exclude credit "$@"

@@ -15,6 +15,8 @@
 //! - [`tx::execute`] and [`tx::query`] with [`params!`]: SQL on the host's
 //!   transaction, with `$1..$n` placeholders on every database;
 //! - [`Value`]: the typed SQL values, with `From` conversions;
+//! - [`Rows::iter`], [`Rows::one`] and [`Row::get`]: typed reading of query
+//!   results by column name (`row.get::<i64>("balance")?`), via [`FromValue`];
 //! - [`DbError`] / [`DbErrorKind`]: why a statement failed, by kind;
 //! - [`HandlerError`]: `retry` (transient) or `reject` (permanent, dead-letter);
 //!   every [`DbError`] converts into it, so `?` works;
@@ -45,6 +47,21 @@
 //! idem_guest::export_handler!(Credit);
 //! ```
 //!
+//! # Reading rows
+//!
+//! ```no_run
+//! use idem_guest::{params, tx, HandlerError};
+//!
+//! fn balance(account: i64) -> Result<Option<i64>, HandlerError> {
+//!     let rows = tx::query(
+//!         "SELECT balance FROM accounts WHERE account_id = $1",
+//!         params![account],
+//!     )?;
+//!     // `?` on a wrong type or a missing column rejects the message.
+//!     rows.first().map(|row| row.get::<i64>("balance")).transpose()
+//! }
+//! ```
+//!
 //! # Building
 //!
 //! Build the crate as a `cdylib` for `wasm32-unknown-unknown` (a guest built
@@ -61,8 +78,10 @@
 //! the host rolls back and treats it like a retry, dead-lettering the message
 //! once its deliveries run out.
 
+mod decode;
 mod value;
 
+pub use decode::{FromValue, Row};
 pub use value::{DbError, DbErrorKind, HandlerError, Message, Rows, Value};
 
 /// The bindings `wit-bindgen` generates for the world `idem:handler/handler`.
