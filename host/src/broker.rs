@@ -8,9 +8,10 @@
 //! - A consumer-stream error (missed heartbeat, consumer deleted, broker
 //!   restart) is an `Err` item, not the end of the stream: [`Deliveries`]
 //!   logs it and keeps pulling, re-creating the pull stream when needed.
-//! - `Nak(Some(delay))` redelivers after the delay; past `max_deliver` JetStream
-//!   stops delivering without telling us, so the pipeline dead-letters on the
-//!   last allowed delivery itself.
+//! - `Nak(Some(delay))` redelivers after the delay; past a consumer's
+//!   `max_deliver` JetStream stops delivering without telling anyone, so
+//!   consumers are created without one and the pipeline dead-letters on the
+//!   handler's last allowed delivery itself.
 
 use crate::config::HandlerConfig;
 use anyhow::Context as _;
@@ -76,7 +77,9 @@ pub async fn connect(url: &str) -> anyhow::Result<Broker> {
 /// message older than the receipts that recognise it) and returns its
 /// durable pull consumer, created if missing.
 /// The consumer name is the handler name; it filters on the handler's
-/// subjects, acks explicitly and stops redelivering after `max_deliver`.
+/// subjects, acks explicitly, and has no broker-side `max_deliver` (idem
+/// enforces the handler's own); an existing consumer with other settings is
+/// updated.
 pub async fn ensure_consumer(
     js: &jetstream::Context,
     handler: &HandlerConfig,
@@ -106,20 +109,23 @@ pub async fn ensure_consumer(
     } else {
         String::new()
     };
+    let config = pull::Config {
+        durable_name: Some(handler.name.clone()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: handler.ack_wait,
+        // Unlimited on the broker: idem enforces `max_deliver` itself (a dead
+        // letter on the last delivery), so a message whose dead letter cannot
+        // be written, or that was fetched but never started (shutdown,
+        // outage), always comes back instead of being dropped by JetStream
+        // after its last delivery.
+        max_deliver: -1,
+        max_ack_pending,
+        filter_subject,
+        filter_subjects,
+        ..Default::default()
+    };
     let consumer = stream
-        .get_or_create_consumer(
-            &handler.name,
-            pull::Config {
-                durable_name: Some(handler.name.clone()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: handler.ack_wait,
-                max_deliver: i64::from(handler.max_deliver),
-                max_ack_pending,
-                filter_subject,
-                filter_subjects,
-                ..Default::default()
-            },
-        )
+        .get_or_create_consumer(&handler.name, config.clone())
         .await
         .with_context(|| {
             format!(
@@ -127,7 +133,21 @@ pub async fn ensure_consumer(
                 handler.name, handler.stream
             )
         })?;
-    Ok(consumer)
+    let found = &consumer.cached_info().config;
+    if found.max_deliver == -1 && found.ack_wait == handler.ack_wait {
+        return Ok(consumer);
+    }
+    // A consumer made earlier (or by hand) with other settings: bring it in line.
+    match stream.update_consumer(config).await {
+        Ok(updated) => {
+            tracing::info!(handler = %handler.name, "durable consumer updated: ack_wait from the config, no broker-side max_deliver");
+            Ok(updated)
+        }
+        Err(e) => {
+            tracing::warn!(handler = %handler.name, error = %e, max_deliver = found.max_deliver, "cannot update the durable consumer's settings; with a broker-side max_deliver JetStream may drop a message idem could not dead-letter. Delete the consumer (nats consumer rm) to let idem create it");
+            Ok(consumer)
+        }
+    }
 }
 
 /// The stream's `max_age`: how long it keeps a message. `None`: for ever

@@ -22,15 +22,18 @@ const PROBE_MAX: Duration = Duration::from_secs(5);
 /// Bound on one probe (connect + `SELECT 1`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// True when `e` says the database could not be reached or dropped the
-/// connection, rather than refusing this transaction:
+/// True when `e` says the database could not be reached or used at all,
+/// rather than refusing this transaction:
 /// - driver level: I/O error, TLS failure, protocol error, pool timed out
 ///   (no connection could be opened within the acquire timeout), pool
 ///   closed, SQLite worker crashed;
 /// - PostgreSQL SQLSTATE class `08` (connection exception), `57P01`
 ///   (admin_shutdown, e.g. `pg_terminate_backend`), `57P02` (crash_shutdown),
 ///   `57P03` (cannot_connect_now, e.g. starting up), `53300`
-///   (too_many_connections). Source: PostgreSQL manual, Appendix A.
+///   (too_many_connections), class `53` insufficient resources (disk full,
+///   out of memory). Source: PostgreSQL manual, Appendix A;
+/// - SQLite primary result codes `SQLITE_READONLY` (8), `SQLITE_IOERR` (10),
+///   `SQLITE_FULL` (13), `SQLITE_CANTOPEN` (14). Source: sqlite.org/rescode.html.
 ///
 /// Everything else (a constraint violated at COMMIT, a serialization
 /// failure, a statement timeout) is a failed transaction.
@@ -49,10 +52,35 @@ pub fn sqlx_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                matches!(sqlite_primary(&code), Some(8 | 10 | 13 | 14))
+            } else {
+                code.starts_with("08")
+                    || code.starts_with("53")
+                    || matches!(&*code, "57P01" | "57P02" | "57P03")
+            }
         }),
         _ => false,
     }
+}
+
+/// True when `e` is SQLite's `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6): another
+/// transaction held the single write lock past the busy timeout. Nobody is
+/// at fault and nothing happened: the pipeline runs the message again from
+/// BEGIN after a short backoff, spending no delivery.
+pub fn is_busy(e: &StoreError) -> bool {
+    let StoreError::Sqlx(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+        && db
+            .code()
+            .is_some_and(|code| matches!(sqlite_primary(&code), Some(5 | 6)))
+}
+
+/// The primary result code (low 8 bits) of a SQLite extended result code.
+fn sqlite_primary(code: &str) -> Option<i64> {
+    code.parse::<i64>().ok().map(|c| c & 0xff)
 }
 
 /// The availability gate shared by every handler of one host.
@@ -94,6 +122,16 @@ impl DbHealth {
         }
     }
 
+    /// Sleeps `d`; `false` (at once) if shutdown is requested meanwhile.
+    pub async fn pause(&self, d: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+
     /// Called by a handler whose `step` failed with an unavailable-class
     /// `error`: marks the database down (logging the change once), probes
     /// it with backoff (100 ms doubling to 5 s) until it answers, marks it up
@@ -107,21 +145,14 @@ impl DbHealth {
         let mut wait = PROBE_FIRST;
         let mut stop = self.stop.clone();
         loop {
-            {
-                let _probing = self.prober.lock().await;
-                if self.is_up() {
-                    return true;
-                }
-                match tokio::time::timeout(PROBE_TIMEOUT, ping(&self.db)).await {
-                    Ok(Ok(())) => {
-                        if self.up.send_if_modified(|up| !std::mem::replace(up, true)) {
-                            tracing::info!("database available again; resuming");
-                        }
-                        return true;
-                    }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "database probe failed"),
-                    Err(_) => tracing::debug!("database probe timed out"),
-                }
+            // Both the turn to probe and the probe itself give way to shutdown.
+            let verdict = tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return false,
+                v = self.probe_once() => v,
+            };
+            if verdict {
+                return true;
             }
             tokio::select! {
                 biased;
@@ -131,13 +162,41 @@ impl DbHealth {
             wait = (wait * 2).min(PROBE_MAX);
         }
     }
+
+    /// One probe, by whoever holds the prober lock; `true` when the database
+    /// is (or was meanwhile found) up.
+    async fn probe_once(&self) -> bool {
+        let _probing = self.prober.lock().await;
+        if self.is_up() {
+            return true;
+        }
+        match tokio::time::timeout(PROBE_TIMEOUT, ping(&self.db)).await {
+            Ok(Ok(())) => {
+                if self.up.send_if_modified(|up| !std::mem::replace(up, true)) {
+                    tracing::info!("database available again; resuming");
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "database probe failed");
+                false
+            }
+            Err(_) => {
+                tracing::debug!("database probe timed out");
+                false
+            }
+        }
+    }
 }
 
-/// `SELECT 1` on a pooled connection (the pool tests a connection before
-/// handing it out, so a dead one left from before an outage is replaced).
+/// Whether the database can take a message's transaction again.
+/// PostgreSQL: `SELECT 1` on a pooled connection (the pool tests a
+/// connection before handing it out, so a dead one left from before an
+/// outage is replaced). SQLite: `BEGIN IMMEDIATE` then ROLLBACK, so a file
+/// that can be read but not written (read-only, disk full) is still "down".
 async fn ping(db: &Database) -> Result<(), sqlx::Error> {
     match db {
         Database::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-        Database::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        Database::Sqlite(pool) => pool.begin_with("BEGIN IMMEDIATE").await?.rollback().await,
     }
 }

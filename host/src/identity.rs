@@ -39,6 +39,14 @@ pub fn extract(
             }
         }
     };
+    if id.chars().any(char::is_control) {
+        // PostgreSQL text cannot hold NUL, and a control character in a key
+        // is never meant: refuse it rather than fail on every delivery.
+        return Err(format!(
+            "missing identity: identity `{}` contains a control character",
+            id.escape_default()
+        ));
+    }
     if id.len() > MAX_IDENTITY_BYTES {
         return Err(format!(
             "missing identity: identity is {} bytes, more than {MAX_IDENTITY_BYTES}",
@@ -97,5 +105,18 @@ mod tests {
         );
         h.insert("Nats-Msg-Id", "m-7");
         assert_eq!(extract(&rule, Some(&h), b"").unwrap(), "m-7");
+    }
+
+    #[test]
+    fn control_characters_are_refused() {
+        let rule = IdentityRule::JsonPointer("/event_id".into());
+        assert_eq!(
+            extract(&rule, None, br#"{"event_id":"evt\u0000nul"}"#).unwrap_err(),
+            r"missing identity: identity `evt\u{0}nul` contains a control character"
+        );
+        assert_eq!(
+            extract(&rule, None, "{\"event_id\":\"évt ü\"}".as_bytes()).unwrap(),
+            "évt ü"
+        );
     }
 }

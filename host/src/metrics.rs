@@ -24,8 +24,10 @@ pub struct HandlerStats {
     pub ack_failures: AtomicU64,
     /// Guest log output (bytes) dropped by the per-message cap.
     pub log_bytes_dropped: AtomicU64,
-    /// Deliveries that found the database unreachable and were held until it
-    /// answered (then run again), instead of being naked.
+    /// Times a delivery was held and run again instead of naked: the
+    /// database was unreachable (held until it answered) or, on SQLite, its
+    /// write lock stayed busy past the busy timeout (run again after a
+    /// short backoff).
     pub db_pauses: AtomicU64,
     /// Receipts deleted by the pruning task because they were older than the
     /// handler's `retention` (rows, not messages).

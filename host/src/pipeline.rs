@@ -28,6 +28,11 @@ use async_nats::jetstream::Message;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// First wait before a held message runs again (doubling up to [`HOLD_MAX`]).
+const HOLD_FIRST: Duration = Duration::from_millis(50);
+/// Longest wait between two runs of a held message.
+const HOLD_MAX: Duration = Duration::from_secs(5);
+
 /// Everything one handler needs to run the protocol on its messages.
 pub struct Pipeline {
     pub name: Arc<str>,
@@ -150,16 +155,27 @@ impl Pipeline {
         // The work can take a while (a lock wait, a slow guest, a database
         // outage): keep the message ours until this delivery is settled.
         let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
+        let mut backoff = HOLD_FIRST;
         loop {
             match self.settle(&d).await {
                 Ok(outcome) => return outcome,
-                Err(Unavailable { step, error }) => {
+                Err(Unavailable { step, error, busy }) => {
                     HandlerStats::incr(&self.stats.db_pauses);
-                    if !self.health.wait_until_up(&self.name, step, &error).await {
+                    let go_on = if busy {
+                        tracing::debug!(handler = %self.name, stream_sequence, %step, %error, "database busy; running the message again shortly");
+                        self.health.pause(backoff).await
+                    } else {
+                        // Back off as well: a database that answers the probe
+                        // but still fails this step (say, disk full) must not
+                        // make this a hot loop.
+                        self.health.wait_until_up(&self.name, step, &error).await
+                            && (backoff == HOLD_FIRST || self.health.pause(backoff).await)
+                    };
+                    if !go_on {
                         tracing::warn!(handler = %self.name, stream_sequence, "shutting down while the database is unavailable; the message is left for redelivery");
                         return Outcome::Unsettled(format!("{step}: {error}"));
                     }
-                    tracing::info!(handler = %self.name, stream_sequence, "database is back; running the held message again");
+                    backoff = (backoff * 2).min(HOLD_MAX);
                 }
             }
         }
@@ -250,6 +266,7 @@ impl Pipeline {
             return Err(Unavailable {
                 step: "handler transaction",
                 error: format!("{e} (the guest returned {failure})"),
+                busy: false,
             });
         }
         if matches!(failure, HandlerFailure::Trap(_)) {
@@ -361,32 +378,57 @@ impl Pipeline {
         message_id: Option<&str>,
         reason: &str,
     ) -> Result<Outcome, Unavailable> {
+        let reason = without_nul(reason);
+        let subject = without_nul(&d.subject);
         let dl = DeadLetter {
             consumer: &self.name,
             message_id,
             stream: &self.stream,
             stream_sequence: d.stream_sequence,
-            subject: &d.subject,
-            reason,
+            subject: &subject,
+            reason: &reason,
             headers: &d.headers,
             payload: &d.msg.payload,
         };
-        match self.db.dead_letter(&dl).await {
+        let written = match self.db.dead_letter(&dl).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Some(hold) = Unavailable::of("dead letter", &e) {
+                    return Err(hold);
+                }
+                // Something in the message itself cannot be stored: keep
+                // what can be (payload, sequence, the reason and why).
+                tracing::error!(handler = %self.name, identity = ?message_id, error = %e, "cannot write the full dead letter; writing it without message id and headers");
+                let fallback_reason = format!(
+                    "{reason} (the full dead letter could not be written: {})",
+                    without_nul(&e.to_string())
+                );
+                let minimal = DeadLetter {
+                    message_id: None,
+                    headers: &[],
+                    reason: &fallback_reason,
+                    ..dl
+                };
+                self.db.dead_letter(&minimal).await
+            }
+        };
+        match written {
             Ok(()) => {
                 HandlerStats::incr(&self.stats.dead_lettered);
-                tracing::warn!(handler = %self.name, identity = ?dl.message_id, stream_sequence = dl.stream_sequence, %reason, "dead-lettered");
+                tracing::warn!(handler = %self.name, identity = ?message_id, stream_sequence = d.stream_sequence, %reason, "dead-lettered");
                 if let Err(e) = broker::term(d.msg).await {
                     tracing::warn!(handler = %self.name, error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
                 }
-                Ok(Outcome::DeadLettered(reason.to_string()))
+                Ok(Outcome::DeadLettered(reason.into_owned()))
             }
-            Err(e) if health::is_unavailable(&e) => Err(Unavailable {
-                step: "dead letter",
-                error: e.to_string(),
-            }),
             Err(e) => {
+                if let Some(hold) = Unavailable::of("dead letter", &e) {
+                    return Err(hold);
+                }
+                // The consumer has no JetStream max_deliver (idem enforces
+                // its own), so a nak always comes back: nothing is dropped.
                 HandlerStats::incr(&self.stats.retried);
-                tracing::error!(handler = %self.name, identity = ?dl.message_id, error = %e, "cannot write the dead letter; naked instead, it will be tried again");
+                tracing::error!(handler = %self.name, identity = ?message_id, error = %e, "cannot write the dead letter; naked, it will be tried again");
                 let delay = self.config.nak_delay(d.delivered);
                 if let Err(e) = broker::nak(d.msg, delay).await {
                     tracing::warn!(handler = %self.name, error = %e, "nak failed; ack_wait will redeliver");
@@ -407,11 +449,8 @@ impl Pipeline {
         step: &'static str,
         error: StoreError,
     ) -> Result<Outcome, Unavailable> {
-        if health::is_unavailable(&error) {
-            return Err(Unavailable {
-                step,
-                error: error.to_string(),
-            });
+        if let Some(hold) = Unavailable::of(step, &error) {
+            return Err(hold);
         }
         tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back");
         match self
@@ -447,8 +486,32 @@ struct Delivery<'a> {
     headers: Vec<(String, String)>,
 }
 
-/// The database could not be reached at `step`; nothing was settled.
+/// The database could not be used at `step`; nothing was settled.
 struct Unavailable {
     step: &'static str,
     error: String,
+    /// SQLite's write lock stayed busy: contention, not an outage.
+    busy: bool,
+}
+
+impl Unavailable {
+    /// `Some` when `error` at `step` means "run again later" (outage or busy).
+    fn of(step: &'static str, error: &StoreError) -> Option<Self> {
+        let busy = health::is_busy(error);
+        (busy || health::is_unavailable(error)).then(|| Unavailable {
+            step,
+            error: error.to_string(),
+            busy,
+        })
+    }
+}
+
+/// PostgreSQL `text` cannot hold NUL (SQLSTATE 22021): a dead letter's text
+/// fields are stored with NUL written as `\0`.
+fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\\0"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
 }
