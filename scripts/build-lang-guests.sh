@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the credit handler in Python, JavaScript and C (issue 5), after
+# installing their pinned toolchains (scripts/toolchains.sh):
+#   target/guests/credit-python.wasm                  examples/credit-python (componentize-py)
+#   target/guests/credit-js.wasm                      examples/credit-js, default engine (QuickJS)
+#   target/guests/credit-js-quickjs.wasm              ... with QuickJS (componentize-qjs)
+#   target/guests/credit-js-starlingmonkey.wasm       ... with StarlingMonkey (componentize-js)
+#   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
+# None imports WASI: each runs with the default `wasi = false`.
+# Usage: bash scripts/build-lang-guests.sh [python] [js] [c]   (none: all three)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+langs=("$@")
+[[ ${#langs[@]} -gt 0 ]] || langs=(python js c)
+for lang in "${langs[@]}"; do
+    case "$lang" in python|js|c) ;; *) echo "build-lang-guests: unknown language '$lang' (python, js or c)" >&2; exit 2 ;; esac
+done
+. "$root/scripts/toolchains.sh" "${langs[@]}"
+for lang in "${langs[@]}"; do
+    bash "$root/examples/credit-$lang/build.sh"
+done
