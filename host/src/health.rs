@@ -122,6 +122,20 @@ impl DbHealth {
         }
     }
 
+    /// Resolves once shutdown has been requested while the database is down
+    /// (never, if the host is not stopping). The pipeline races a message's
+    /// whole run against it: a step stuck waiting for a connection that
+    /// will not come is abandoned then (nothing of it was committed, and
+    /// nothing is acked), instead of holding up the exit for the pool's
+    /// acquire timeout.
+    pub async fn stopped_while_down(&self) {
+        let mut stop = self.stop.clone();
+        let mut up = self.up.subscribe();
+        if stop.wait_for(|s| *s).await.is_err() || up.wait_for(|u| !*u).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Sleeps `d`; `false` (at once) if shutdown is requested meanwhile.
     pub async fn pause(&self, d: Duration) -> bool {
         let mut stop = self.stop.clone();

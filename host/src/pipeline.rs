@@ -157,7 +157,15 @@ impl Pipeline {
         let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
         let mut backoff = HOLD_FIRST;
         loop {
-            match self.settle(&d).await {
+            let settled = tokio::select! {
+                biased;
+                r = self.settle(&d) => r,
+                () = self.health.stopped_while_down() => {
+                    tracing::warn!(handler = %self.name, stream_sequence, "shutting down while the database is unavailable; the message is left for redelivery");
+                    return Outcome::Unsettled("shutdown while the database was unavailable".into());
+                }
+            };
+            match settled {
                 Ok(outcome) => return outcome,
                 Err(Unavailable { step, error, busy }) => {
                     HandlerStats::incr(&self.stats.db_pauses);
