@@ -7,6 +7,7 @@
 #   target/guests/credit-js-starlingmonkey.wasm       ... with StarlingMonkey (componentize-js)
 #   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
 # None imports WASI: each runs with the default `wasi = false`.
+# Prints each language's build time (the README's build-time column).
 # Usage: bash scripts/build-lang-guests.sh [python] [js] [c]   (none: all three)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,5 +18,7 @@ for lang in "${langs[@]}"; do
 done
 . "$root/scripts/toolchains.sh" "${langs[@]}"
 for lang in "${langs[@]}"; do
+    start=$SECONDS
     bash "$root/examples/credit-$lang/build.sh"
+    echo "build-lang-guests: $lang built in $((SECONDS - start)) s (toolchain already installed)"
 done
