@@ -54,7 +54,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use anyhow::{Context as _, Result, bail, ensure};
+use common::{fmt_ns, median, ns_since};
 use idem::runtime::{
     GuestMessage, HandlerModule, Invocation, Limits, LoadError, LoadOptions, Runtime,
 };
@@ -136,19 +139,6 @@ struct DbRun {
     label: &'static str,
     /// Per subject: receipt only, native, then the loaded components in order.
     cells: Vec<Cell>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn ns_since(start: Instant) -> f64 {
-    start.elapsed().as_nanos() as f64
 }
 
 fn guests_dir() -> PathBuf {
@@ -662,20 +652,6 @@ impl Bench<'_> {
             "balances sum to {total}, expected {expected}: a credit was lost or doubled"
         );
         Ok(())
-    }
-}
-
-/// `ns` with a unit that keeps three significant digits or so.
-fn fmt_ns(ns: f64) -> String {
-    let abs = ns.abs();
-    if abs < 1_000.0 {
-        format!("{ns:.0} ns")
-    } else if abs < 1_000_000.0 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if abs < 1_000_000_000.0 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
     }
 }
 

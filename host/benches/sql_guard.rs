@@ -33,7 +33,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use anyhow::{Context as _, Result, ensure};
+use common::{fmt_ns, median, ns_since};
 use idem::sql_guard::{CheckedSql, SqlGuard};
 use idem::store::{Database, DbKind, Receipt, SqlValue, Tx};
 use std::hint::black_box;
@@ -125,19 +128,6 @@ struct Row {
     tx: f64,
     raw: f64,
     full: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn ns_since(start: Instant) -> f64 {
-    start.elapsed().as_nanos() as f64
 }
 
 #[tokio::main]
@@ -466,18 +456,6 @@ async fn bench_full(
         ensure!(new, "receipt {message_id} already existed");
     }
     Ok(())
-}
-
-/// `ns` with a unit that keeps three significant digits or so.
-fn fmt_ns(ns: f64) -> String {
-    let abs = ns.abs();
-    if abs < 1_000.0 {
-        format!("{ns:.0} ns")
-    } else if abs < 1_000_000.0 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{:.2} ms", ns / 1e6)
-    }
 }
 
 fn fmt_pct(part: f64, whole: f64) -> String {

@@ -386,15 +386,13 @@ impl Pipeline {
         message_id: Option<&str>,
         reason: &str,
     ) -> Result<Outcome, Unavailable> {
-        let reason = without_nul(reason);
-        let subject = without_nul(&d.subject);
         let dl = DeadLetter {
             consumer: &self.name,
             message_id,
             stream: &self.stream,
             stream_sequence: d.stream_sequence,
-            subject: &subject,
-            reason: &reason,
+            subject: &d.subject,
+            reason,
             headers: &d.headers,
             payload: &d.msg.payload,
         };
@@ -409,7 +407,7 @@ impl Pipeline {
                 tracing::error!(handler = %self.name, identity = ?message_id, error = %e, "cannot write the full dead letter; writing it without message id and headers");
                 let fallback_reason = format!(
                     "{reason} (the full dead letter could not be written: {})",
-                    without_nul(&e.to_string())
+                    e
                 );
                 let minimal = DeadLetter {
                     message_id: None,
@@ -427,7 +425,7 @@ impl Pipeline {
                 if let Err(e) = broker::term(d.msg).await {
                     tracing::warn!(handler = %self.name, error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
                 }
-                Ok(Outcome::DeadLettered(reason.into_owned()))
+                Ok(Outcome::DeadLettered(reason.to_string()))
             }
             Err(e) => {
                 if let Some(hold) = Unavailable::of("dead letter", &e) {
@@ -511,15 +509,5 @@ impl Unavailable {
             error: error.to_string(),
             busy,
         })
-    }
-}
-
-/// PostgreSQL `text` cannot hold NUL (SQLSTATE 22021): a dead letter's text
-/// fields are stored with NUL written as `\0`.
-fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains('\0') {
-        std::borrow::Cow::Owned(s.replace('\0', "\\0"))
-    } else {
-        std::borrow::Cow::Borrowed(s)
     }
 }

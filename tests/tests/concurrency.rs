@@ -9,6 +9,27 @@ use idem_tests::*;
 use sqlx::Connection;
 use std::time::{Duration, Instant};
 
+/// A connection to `db` after creating account 73 (balance 0).
+async fn account_73(db: &TestDb) -> sqlx::PgConnection {
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES (73, 0)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
+/// Holds account 73's row lock until the returned transaction ends: every
+/// credit to it waits behind this.
+async fn lock_row(conn: &mut sqlx::PgConnection) -> sqlx::Transaction<'_, sqlx::Postgres> {
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("SELECT balance FROM accounts WHERE account_id = 73 FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_one_event_in_flight_twice_postgres() {
     let nats = Nats::start();
@@ -20,16 +41,8 @@ async fn two_hosts_one_event_in_flight_twice_postgres() {
     let host_a = RunningHost::start(&cfg).await;
     let host_b = RunningHost::start(&cfg).await;
 
-    let mut locker = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES (73, 0)")
-        .execute(&mut locker)
-        .await
-        .unwrap();
-    let mut lock_tx = locker.begin().await.unwrap();
-    sqlx::query("SELECT balance FROM accounts WHERE account_id = 73 FOR UPDATE")
-        .execute(&mut *lock_tx)
-        .await
-        .unwrap();
+    let mut locker = account_73(&db).await;
+    let lock_tx = lock_row(&mut locker).await;
 
     let js = nats.jetstream().await;
     let waiting = || async {
@@ -104,16 +117,8 @@ async fn runs_exactly_concurrency_messages_at_once(n: i64) {
     let cfg = write_config(dir.path(), &nats, &db, &[h]);
     let host = RunningHost::start(&cfg).await;
 
-    let mut locker = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES (73, 0)")
-        .execute(&mut locker)
-        .await
-        .unwrap();
-    let mut lock_tx = locker.begin().await.unwrap();
-    sqlx::query("SELECT balance FROM accounts WHERE account_id = 73 FOR UPDATE")
-        .execute(&mut *lock_tx)
-        .await
-        .unwrap();
+    let mut locker = account_73(&db).await;
+    let lock_tx = lock_row(&mut locker).await;
 
     let js = nats.jetstream().await;
     for i in 0..EVENTS {

@@ -287,14 +287,22 @@ impl Database {
 
     /// Writes a dead letter in its own transaction, durable when this
     /// returns. A second call for the same `(consumer, stream, stream_sequence)`
-    /// writes nothing and succeeds.
+    /// writes nothing and succeeds. NUL in `subject` and `reason` is stored
+    /// as `\0` on every database: PostgreSQL `text` cannot hold it (SQLSTATE
+    /// 22021), and a reason may quote anything a guest returned.
     pub async fn dead_letter(&self, dl: &DeadLetter<'_>) -> Result<(), StoreError> {
         let headers =
             serde_json::to_string(dl.headers).map_err(|e| sqlx::Error::Encode(e.into()))?;
         let seq = to_i64(dl.stream_sequence)?;
+        let (subject, reason) = (without_nul(dl.subject), without_nul(dl.reason));
+        let dl = DeadLetter {
+            subject: &subject,
+            reason: &reason,
+            ..dl.clone()
+        };
         match self {
-            Database::Postgres(pool) => postgres::dead_letter(pool, dl, seq, &headers).await,
-            Database::Sqlite(pool) => sqlite::dead_letter(pool, dl, seq, &headers).await,
+            Database::Postgres(pool) => postgres::dead_letter(pool, &dl, seq, &headers).await,
+            Database::Sqlite(pool) => sqlite::dead_letter(pool, &dl, seq, &headers).await,
         }?;
         Ok(())
     }
@@ -460,6 +468,15 @@ fn savepoint_failed(e: &sqlx::Error) -> DbError {
         message: one_line(&format!(
             "the host could not isolate the statement in a savepoint: {e}"
         )),
+    }
+}
+
+/// `s` with NUL written as `\0` (borrowed when there is none).
+fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\\0"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
     }
 }
 

@@ -1,0 +1,33 @@
+//! What the benches share: medians of samples in nanoseconds, and their
+//! printing.
+
+use std::time::Instant;
+
+/// The median of `v` (NaN when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Nanoseconds since `start`.
+pub fn ns_since(start: Instant) -> f64 {
+    start.elapsed().as_nanos() as f64
+}
+
+/// `ns` with a unit that keeps three significant digits or so.
+pub fn fmt_ns(ns: f64) -> String {
+    let abs = ns.abs();
+    if abs < 1_000.0 {
+        format!("{ns:.0} ns")
+    } else if abs < 1_000_000.0 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if abs < 1_000_000_000.0 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
