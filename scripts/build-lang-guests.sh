@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the credit handler in Python, JavaScript and C (issue 5), after
-# installing their pinned toolchains (scripts/toolchains.sh):
+# Builds the credit handler in Python, JavaScript and C (issue 5), and the
+# JavaScript versions of the strategy examples, after installing their pinned
+# toolchains (scripts/toolchains.sh):
 #   target/guests/credit-python.wasm                  examples/credit-python (componentize-py)
 #   target/guests/credit-js.wasm                      examples/credit-js, default engine (QuickJS)
 #   target/guests/credit-js-quickjs.wasm              ... with QuickJS (componentize-qjs)
 #   target/guests/credit-js-starlingmonkey.wasm       ... with StarlingMonkey (componentize-js)
+#   target/guests/{likes,projection,parcel,counter}-js.wasm
+#                                                     examples/<strategy>-js, QuickJS (scripts/build-js.sh)
 #   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
 # None imports WASI: each runs with the default `wasi = false`.
-# Prints each language's build time (the README's build-time column).
+# Prints each language's build time of the credit handler (the README's
+# build-time column), then the JavaScript strategy examples' own.
 # Usage: bash scripts/build-lang-guests.sh [python] [js] [c]   (none: all three)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,4 +25,11 @@ for lang in "${langs[@]}"; do
     start=$SECONDS
     bash "$root/examples/credit-$lang/build.sh"
     echo "build-lang-guests: $lang built in $((SECONDS - start)) s (toolchain already installed)"
+    if [[ $lang == js ]]; then
+        start=$SECONDS
+        for strategy in likes projection parcel counter; do
+            bash "$root/scripts/build-js.sh" "$root/examples/$strategy-js/$strategy.js" "$strategy-js" quickjs
+        done
+        echo "build-lang-guests: js strategy examples built in $((SECONDS - start)) s"
+    fi
 done

@@ -19,291 +19,42 @@
 //!   order, one set of scans in several orders, operation ids retried under
 //!   new events).
 //!
-//! Every handler's settings (name, stream, subjects, identity, tables,
-//! module, migrations) come from the example's shipped `idem.toml`; the test
-//! swaps in its own broker and database and may rename the handler.
+//! Each strategy exists in Rust (`examples/<strategy>`) and JavaScript
+//! (`examples/<strategy>-js`, same tables and migrations): every test runs
+//! on both, on both databases (`in_each_language!`). The harness is
+//! `idem_tests::examples`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::config::{Config, HandlerConfig, IdentityRule};
+use idem_tests::examples::*;
 use idem_tests::*;
 use serde_json::{Value, json};
-use sqlx::Row;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-// ---------------------------------------------------------------------------
-// Harness: an example's shipped handler, on a private broker and database.
-
-/// The `[[handler]]` of `examples/<example>/idem.toml`, paths resolved.
-fn shipped(example: &str) -> HandlerConfig {
-    let path = root().join("examples").join(example).join("idem.toml");
-    let mut config = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(config.handlers.len(), 1, "{}", path.display());
-    config.handlers.remove(0)
-}
-
-fn identity(rule: &IdentityRule) -> String {
-    match rule {
-        IdentityRule::Header(name) => format!("header:{name}"),
-        IdentityRule::JsonPointer(ptr) => format!("json:{ptr}"),
-    }
-}
-
-/// One example on its own nats-server and database.
-struct Env {
-    example: &'static str,
-    handler: HandlerConfig,
-    js: async_nats::jetstream::Context,
-    nats: Nats,
-    db: TestDb,
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    /// Starts the broker, makes the database and the example's stream (so
-    /// events can be published before any host runs).
-    async fn new(example: &'static str, backend: Backend) -> Self {
-        let handler = shipped(example);
-        let nats = Nats::start();
-        let db = TestDb::new(backend).await;
-        let subjects: Vec<&str> = handler.subjects.iter().map(String::as_str).collect();
-        create_stream(&nats, &handler.stream, &subjects).await;
-        let js = nats.jetstream().await;
-        Env {
-            example,
-            handler,
-            js,
-            nats,
-            db,
-            dir: tempfile::tempdir().unwrap(),
+/// `$test(example, backend)` for the strategy's example in each language
+/// (`examples/<example>` in Rust, `examples/<example>-js` in JavaScript) on
+/// each database: `$test::{rust,js}_{postgres,sqlite}`.
+macro_rules! in_each_language {
+    ($test:ident, $example:literal) => {
+        mod $test {
+            use idem_tests::Backend;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rust_postgres() {
+                super::$test($example, Backend::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rust_sqlite() {
+                super::$test($example, Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn js_postgres() {
+                super::$test(concat!($example, "-js"), Backend::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn js_sqlite() {
+                super::$test(concat!($example, "-js"), Backend::Sqlite).await
+            }
         }
-    }
-
-    /// Writes `<file>.toml`: the shipped handler once per name in `names`
-    /// (each its own durable consumer and receipts), with `extra` TOML lines.
-    fn config(&self, file: &str, names: &[&str], extra: &str) -> PathBuf {
-        let h = &self.handler;
-        // The shipped module path is the build script's output.
-        assert_eq!(
-            h.module.canonicalize().unwrap(),
-            guest(self.example).canonicalize().unwrap()
-        );
-        let migrations = h.migrations.as_ref().unwrap();
-        assert!(migrations.is_dir(), "{}", migrations.display());
-        let mut s = format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nmax_connections = 4\n",
-            self.nats.url(),
-            self.db.url
-        );
-        for name in names {
-            s.push_str(&format!(
-                "[[handler]]\nname = \"{name}\"\nmodule = \"{}\"\nstream = \"{}\"\nsubjects = {:?}\n\
-                 identity = \"{}\"\ntables = {:?}\nmigrations = \"{}\"\n{extra}\n",
-                h.module.display(),
-                h.stream,
-                h.subjects,
-                identity(&h.identity),
-                h.tables,
-                migrations.display(),
-            ));
-        }
-        let path = self.dir.path().join(format!("{file}.toml"));
-        std::fs::write(&path, s).unwrap();
-        path
-    }
-
-    fn name(&self) -> &str {
-        &self.handler.name
-    }
-
-    async fn publish(&self, payload: &Value) {
-        publish(
-            &self.js,
-            &self.handler.subjects[0],
-            &payload.to_string(),
-            &[],
-        )
-        .await;
-    }
-
-    /// Every row of `sql`, each as its columns joined by `|` (integers and
-    /// text as written, NULL as `NULL`).
-    async fn rows(&self, sql: &str) -> Vec<String> {
-        let pool = self.db.pool().await;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
-            .fetch_all(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        pool.close().await;
-        rows.iter()
-            .map(|r| {
-                (0..r.len())
-                    .map(|i| {
-                        if let Ok(v) = r.try_get::<Option<i64>, _>(i) {
-                            v.map_or("NULL".into(), |v| v.to_string())
-                        } else {
-                            r.try_get::<Option<String>, _>(i)
-                                .unwrap_or_else(|e| panic!("{sql}: column {i}: {e}"))
-                                .unwrap_or_else(|| "NULL".into())
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join("|")
-            })
-            .collect()
-    }
-}
-
-/// Milliseconds since the Unix epoch, now.
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn strs(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
-/// Waits until `name` has processed `n` messages and asserts nothing else
-/// happened to them (no duplicate, retry, trap or dead letter).
-async fn processed(host: &RunningHost, name: &str, n: u64) {
-    let s = host
-        .wait_for(name, &format!("{n} processed"), |s| {
-            s.processed >= n || s.dead_lettered > 0
-        })
-        .await;
-    assert_eq!(
-        (
-            s.processed,
-            s.duplicates,
-            s.retried,
-            s.traps,
-            s.dead_lettered
-        ),
-        (n, 0, 0, 0, 0),
-        "{name}: {s}"
-    );
-}
-
-// ---------------------------------------------------------------------------
-// The three scenarios every strategy runs.
-
-/// The host (a real process) aborts right after committing `event` and before
-/// its ack. What it committed must be exactly `expected` (rows of `sql`); a
-/// fresh host then receives the redelivery after `ack_wait`, counts it as a
-/// duplicate, and the rows stay exactly as they were.
-async fn redelivery_after_crash(
-    example: &'static str,
-    backend: Backend,
-    event: Value,
-    sql: &str,
-    expected: &[&str],
-) {
-    let e = Env::new(example, backend).await;
-    let name = e.name().to_string();
-    let cfg = e.config("crash", &[&name], "ack_wait = \"2s\"");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .env("IDEM_FAULT", "abort-after-commit:1")
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap();
-    e.publish(&event).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("host did not reach the fault point");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(
-        status.signal(),
-        Some(6),
-        "expected SIGABRT at the fault point, got {status}"
-    );
-    // Committed, not acked.
-    let committed = e.rows(sql).await;
-    assert_eq!(committed, strs(expected));
-    assert_eq!(e.db.receipts(&name).await, 1);
-
-    let host = RunningHost::start(&cfg).await;
-    let s = host
-        .wait_for(&name, "the redelivery", |s| {
-            s.processed + s.duplicates + s.retried + s.dead_lettered >= 1
-        })
-        .await;
-    assert_eq!(
-        (s.delivered, s.processed, s.duplicates, s.retried, s.traps),
-        (1, 0, 1, 0, 0),
-        "{s}"
-    );
-    assert_eq!(e.rows(sql).await, committed);
-    assert_eq!(e.db.receipts(&name).await, 1);
-    host.stop().await;
-}
-
-/// Publishes `stream`; the shipped handler processes it and the rows of `sql`
-/// are `expected`. Then a second handler, `<name>-replay` (new durable
-/// consumer from the stream's start, new receipts, same module and tables),
-/// consumes the whole stream again, every message a first time for it: the
-/// rows must then be `after_replay`, the same as `expected` for a strategy
-/// that is idempotent on its own. Each query of `unchanged` (columns whose
-/// values the test cannot know, such as publish times) must return the same
-/// rows after the replay as before it.
-async fn replay_past_receipts(
-    example: &'static str,
-    backend: Backend,
-    stream: &[Value],
-    sql: &str,
-    expected: &[&str],
-    after_replay: &[&str],
-    unchanged: &[&str],
-) {
-    let e = Env::new(example, backend).await;
-    let name = e.name().to_string();
-    let replay = format!("{name}-replay");
-    let n = stream.len() as u64;
-    for event in stream {
-        e.publish(event).await;
-    }
-
-    let cfg = e.config("first", &[&name], "");
-    let host = RunningHost::start(&cfg).await;
-    processed(&host, &name, n).await;
-    host.stop().await;
-    assert_eq!(e.rows(sql).await, strs(expected), "after the first pass");
-    assert_eq!(e.db.receipts(&name).await, n as i64);
-    let mut before = Vec::new();
-    for q in unchanged {
-        before.push(e.rows(q).await);
-    }
-
-    let started = Instant::now();
-    let cfg = e.config("replay", &[&replay], "");
-    let host = RunningHost::start(&cfg).await;
-    processed(&host, &replay, n).await;
-    host.stop().await;
-    eprintln!(
-        "{example} {backend:?}: replay of {n} events in {:?}",
-        started.elapsed()
-    );
-    // The receipts did not stop it: every event ran the handler again.
-    assert_eq!(e.db.receipts(&replay).await, n as i64);
-    assert_eq!(e.db.receipts(&name).await, n as i64);
-    assert_eq!(e.rows(sql).await, strs(after_replay), "after the replay");
-    for (q, rows) in unchanged.iter().zip(before) {
-        assert_eq!(e.rows(q).await, rows, "changed by the replay: {q}");
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -318,8 +69,7 @@ async fn credit_replay_doubles_control(backend: Backend) {
         })
         .collect();
     replay_past_receipts(
-        "credit",
-        backend,
+        &Env::new("credit", backend).await,
         &stream,
         "SELECT account_id, balance FROM accounts ORDER BY account_id",
         &["10|700", "11|70"],
@@ -340,24 +90,23 @@ fn like(event_id: &str, post_id: i64, author_id: i64, actor_id: i64) -> Value {
     json!({"event_id": event_id, "post_id": post_id, "author_id": author_id, "actor_id": actor_id})
 }
 
-async fn likes_redelivery_after_crash(backend: Backend) {
+async fn likes_redelivery_after_crash(example: &'static str, backend: Backend) {
     redelivery_after_crash(
-        "likes",
-        backend,
+        &Env::new(example, backend).await,
         like("evt_123", 42, 7, 9),
         NOTIFICATIONS,
         &["7|9|42|like|evt_123"],
     )
     .await;
 }
-on_both_databases!(likes_redelivery_after_crash, likes_redelivery_after_crash);
+in_each_language!(likes_redelivery_after_crash, "likes");
 
 /// A second like event (new event_id, so idem's receipt lets it through) for
 /// the same (recipient, actor, post) adds nothing: the notification keeps the
 /// first event's id and time. A like that differs in any part of the key is
 /// another notification.
-async fn likes_second_like_same_tuple_adds_nothing(backend: Backend) {
-    let e = Env::new("likes", backend).await;
+async fn likes_second_like_same_tuple_adds_nothing(example: &'static str, backend: Backend) {
+    let e = Env::new(example, backend).await;
     let name = e.name().to_string();
     let host = RunningHost::start(&e.config("idem", &[&name], "")).await;
     let before = now_ms();
@@ -397,12 +146,9 @@ async fn likes_second_like_same_tuple_adds_nothing(backend: Backend) {
     );
     host.stop().await;
 }
-on_both_databases!(
-    likes_second_like_same_tuple_adds_nothing,
-    likes_second_like_same_tuple_adds_nothing
-);
+in_each_language!(likes_second_like_same_tuple_adds_nothing, "likes");
 
-async fn likes_replay_past_receipts(backend: Backend) {
+async fn likes_replay_past_receipts(example: &'static str, backend: Backend) {
     let stream = [
         like("evt_1", 42, 7, 9),
         like("evt_2", 42, 7, 11),
@@ -418,8 +164,7 @@ async fn likes_replay_past_receipts(backend: Backend) {
         "8|7|50|like|evt_5",
     ];
     replay_past_receipts(
-        "likes",
-        backend,
+        &Env::new(example, backend).await,
         &stream,
         NOTIFICATIONS,
         &rows,
@@ -432,7 +177,7 @@ async fn likes_replay_past_receipts(backend: Backend) {
     )
     .await;
 }
-on_both_databases!(likes_replay_past_receipts, likes_replay_past_receipts);
+in_each_language!(likes_replay_past_receipts, "likes");
 
 // ---------------------------------------------------------------------------
 // State-based update: an order projection that applies an event only when it
@@ -455,27 +200,23 @@ fn order_versions(order_id: i64, first_event: i64) -> [Value; 3] {
     ]
 }
 
-async fn projection_redelivery_after_crash(backend: Backend) {
+async fn projection_redelivery_after_crash(example: &'static str, backend: Backend) {
     redelivery_after_crash(
-        "projection",
-        backend,
+        &Env::new(example, backend).await,
         order("evt_1", 1001, 1, "placed", 4000),
         ORDERS,
         &["1001|1|placed|4000"],
     )
     .await;
 }
-on_both_databases!(
-    projection_redelivery_after_crash,
-    projection_redelivery_after_crash
-);
+in_each_language!(projection_redelivery_after_crash, "projection");
 
 /// Versions 3, 1, 2 of one order, in that order, each its own new event: the
 /// row is at version 3 from the first message on, and versions 1 and 2 are
 /// ignored (checked after each). The same versions in order 1, 2, 3 on
 /// another order end in the same state.
-async fn projection_out_of_order_versions_ignored(backend: Backend) {
-    let e = Env::new("projection", backend).await;
+async fn projection_out_of_order_versions_ignored(example: &'static str, backend: Backend) {
+    let e = Env::new(example, backend).await;
     let name = e.name().to_string();
     let host = RunningHost::start(&e.config("idem", &[&name], "")).await;
     let [v1, v2, v3] = order_versions(1001, 1);
@@ -499,12 +240,9 @@ async fn projection_out_of_order_versions_ignored(backend: Backend) {
     assert_eq!(e.db.receipts(&name).await, 6);
     host.stop().await;
 }
-on_both_databases!(
-    projection_out_of_order_versions_ignored,
-    projection_out_of_order_versions_ignored
-);
+in_each_language!(projection_out_of_order_versions_ignored, "projection");
 
-async fn projection_replay_past_receipts(backend: Backend) {
+async fn projection_replay_past_receipts(example: &'static str, backend: Backend) {
     let [a1, a2, a3] = order_versions(1001, 1);
     let [b1, b2, b3] = order_versions(1002, 4);
     let stream = [
@@ -524,12 +262,17 @@ async fn projection_replay_past_receipts(backend: Backend) {
         "1002|4|delivered|4250",
         "1003|2|paid|990",
     ];
-    replay_past_receipts("projection", backend, &stream, ORDERS, &rows, &rows, &[]).await;
+    replay_past_receipts(
+        &Env::new(example, backend).await,
+        &stream,
+        ORDERS,
+        &rows,
+        &rows,
+        &[],
+    )
+    .await;
 }
-on_both_databases!(
-    projection_replay_past_receipts,
-    projection_replay_past_receipts
-);
+in_each_language!(projection_replay_past_receipts, "projection");
 
 // ---------------------------------------------------------------------------
 // Upsert: the latest delivery state of a parcel, by (at, state), converges
@@ -564,23 +307,22 @@ fn scans(parcel_id: &str, order: &[usize]) -> Vec<Value> {
         .collect()
 }
 
-async fn parcel_redelivery_after_crash(backend: Backend) {
+async fn parcel_redelivery_after_crash(example: &'static str, backend: Backend) {
     redelivery_after_crash(
-        "parcel",
-        backend,
+        &Env::new(example, backend).await,
         scan("evt_1", "PCL-1", SCANS[0]),
         PARCELS,
         &[&format!("PCL-1|received|{T0}")],
     )
     .await;
 }
-on_both_databases!(parcel_redelivery_after_crash, parcel_redelivery_after_crash);
+in_each_language!(parcel_redelivery_after_crash, "parcel");
 
 /// The same five scans (two of them in one millisecond) published to four
 /// parcels in four orders (oldest first, newest first, shuffled, and shuffled
 /// with repeats under new event ids): the four rows are the same state.
-async fn parcel_converges_whatever_the_order(backend: Backend) {
-    let e = Env::new("parcel", backend).await;
+async fn parcel_converges_whatever_the_order(example: &'static str, backend: Backend) {
+    let e = Env::new(example, backend).await;
     let name = e.name().to_string();
     let host = RunningHost::start(&e.config("idem", &[&name], "")).await;
     let orders: [(&str, &[usize]); 4] = [
@@ -608,12 +350,9 @@ async fn parcel_converges_whatever_the_order(backend: Backend) {
     assert_eq!(e.db.receipts(&name).await, n as i64);
     host.stop().await;
 }
-on_both_databases!(
-    parcel_converges_whatever_the_order,
-    parcel_converges_whatever_the_order
-);
+in_each_language!(parcel_converges_whatever_the_order, "parcel");
 
-async fn parcel_replay_past_receipts(backend: Backend) {
+async fn parcel_replay_past_receipts(example: &'static str, backend: Backend) {
     let mut stream = scans("PCL-A", &[0, 1, 2, 3, 4]);
     stream.extend(scans("PCL-B", &[4, 2, 3, 0, 1]));
     stream.extend(scans("PCL-C", &[1, 0, 1])); // still in transit
@@ -625,9 +364,17 @@ async fn parcel_replay_past_receipts(backend: Backend) {
         format!("PCL-D|attempted|{}", T0 + 9_000_000),
     ];
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
-    replay_past_receipts("parcel", backend, &stream, PARCELS, &rows, &rows, &[]).await;
+    replay_past_receipts(
+        &Env::new(example, backend).await,
+        &stream,
+        PARCELS,
+        &rows,
+        &rows,
+        &[],
+    )
+    .await;
 }
-on_both_databases!(parcel_replay_past_receipts, parcel_replay_past_receipts);
+in_each_language!(parcel_replay_past_receipts, "parcel");
 
 // ---------------------------------------------------------------------------
 // Idempotent aggregate: a sharded counter that records applied operation ids.
@@ -743,11 +490,10 @@ fn sorted(mut rows: Vec<String>) -> Vec<String> {
     rows
 }
 
-async fn counter_redelivery_after_crash(backend: Backend) {
+async fn counter_redelivery_after_crash(example: &'static str, backend: Backend) {
     let shard = shard_of("op_1");
     redelivery_after_crash(
-        "counter",
-        backend,
+        &Env::new(example, backend).await,
         counter_op("evt_1", Some("op_1"), "page:home", 5),
         "SELECT 'shard', counter_key, shard, total FROM counter_shards \
          UNION ALL SELECT op_id, counter_key, shard, amount FROM applied_ops",
@@ -758,10 +504,7 @@ async fn counter_redelivery_after_crash(backend: Backend) {
     )
     .await;
 }
-on_both_databases!(
-    counter_redelivery_after_crash,
-    counter_redelivery_after_crash
-);
+in_each_language!(counter_redelivery_after_crash, "counter");
 
 /// The stream of [`counter_stream`], each message processed once by idem
 /// (retried operations come as new events, so receipts do not catch them):
@@ -769,7 +512,7 @@ on_both_databases!(
 /// op ids, each shard row equals the sum of its operations (shard =
 /// FNV-1a(op_id) % 8, computed here), `applied_ops` holds one row per
 /// distinct op id, and every shard reconciles with its recorded operations.
-async fn counter_totals_match_distinct_operations(backend: Backend) {
+async fn counter_totals_match_distinct_operations(example: &'static str, backend: Backend) {
     let stream = counter_stream();
     let (shards, applied, totals) = counter_expected(&stream);
     let retries = stream.len() - applied.len();
@@ -779,7 +522,7 @@ async fn counter_totals_match_distinct_operations(backend: Backend) {
         "{retries} retries, {without_op_id} without op_id"
     );
 
-    let e = Env::new("counter", backend).await;
+    let e = Env::new(example, backend).await;
     let name = e.name().to_string();
     let host = RunningHost::start(&e.config("idem", &[&name], "")).await;
     for event in &stream {
@@ -821,18 +564,14 @@ async fn counter_totals_match_distinct_operations(backend: Backend) {
     let keys: BTreeSet<&String> = totals.keys().collect();
     assert_eq!(keys.len(), 3);
 }
-on_both_databases!(
-    counter_totals_match_distinct_operations,
-    counter_totals_match_distinct_operations
-);
+in_each_language!(counter_totals_match_distinct_operations, "counter");
 
-async fn counter_replay_past_receipts(backend: Backend) {
+async fn counter_replay_past_receipts(example: &'static str, backend: Backend) {
     let stream = counter_stream();
     let (shards, _, _) = counter_expected(&stream);
     let shards: Vec<&str> = shards.iter().map(String::as_str).collect();
     replay_past_receipts(
-        "counter",
-        backend,
+        &Env::new(example, backend).await,
         &stream,
         "SELECT counter_key, shard, total FROM counter_shards ORDER BY counter_key, shard",
         &shards,
@@ -841,16 +580,26 @@ async fn counter_replay_past_receipts(backend: Backend) {
     )
     .await;
 }
-on_both_databases!(counter_replay_past_receipts, counter_replay_past_receipts);
+in_each_language!(counter_replay_past_receipts, "counter");
 
 // ---------------------------------------------------------------------------
 
-/// Each strategy example ships a config the tests can run: its module is the
-/// build script's output, its migrations folder has a first migration, its
-/// identity is the payload's `event_id`, and it has a README.
+/// Each strategy example, in each language, ships a config the tests can
+/// run: its module is the build script's output, its migrations folder has a
+/// first migration, its identity is the payload's `event_id`, and it has a
+/// README.
 #[test]
 fn every_example_ships_a_runnable_config() {
-    for example in ["likes", "projection", "parcel", "counter"] {
+    for example in [
+        "likes",
+        "projection",
+        "parcel",
+        "counter",
+        "likes-js",
+        "projection-js",
+        "parcel-js",
+        "counter-js",
+    ] {
         let h = shipped(example);
         assert_eq!(
             h.module.file_name().unwrap().to_str(),
@@ -872,5 +621,19 @@ fn every_example_ships_a_runnable_config() {
                 .join("README.md")
                 .is_file()
         );
+        // A second language's version shares the Rust example's tables.
+        if let Some(rust) = example.strip_suffix("-js") {
+            let r = shipped(rust);
+            assert_eq!(
+                (&h.stream, &h.subjects, &h.tables),
+                (&r.stream, &r.subjects, &r.tables),
+                "{example}"
+            );
+            assert_eq!(
+                migrations.canonicalize().unwrap(),
+                r.migrations.unwrap().canonicalize().unwrap(),
+                "{example}"
+            );
+        }
     }
 }
