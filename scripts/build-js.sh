@@ -3,7 +3,7 @@
 # with the default `wasi = false`):
 #   target/guests/<name>-quickjs.wasm         QuickJS (componentize-qjs --stub-wasi --sync)
 #   target/guests/<name>-starlingmonkey.wasm  StarlingMonkey (componentize-js, every WASI feature disabled)
-#   target/guests/<name>.wasm                 a copy of the default engine's build (QuickJS), when built
+#   target/guests/<name>.wasm                 a copy of the default engine's build (QuickJS), when this run built it
 # Usage: bash scripts/build-js.sh <source.js> <name> [quickjs|starlingmonkey|all]   (default: quickjs)
 #   e.g. bash scripts/build-js.sh examples/likes-js/likes.js likes-js
 # The source is an ES module under examples/; it may import the shared helpers
@@ -11,21 +11,25 @@
 # relative imports while they snapshot the module, within examples/).
 # The tools come from scripts/toolchains.sh (sourced here; it installs them on first use).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Physical paths (symlinks resolved) for the checkout and the source alike, so
+# that a checkout reached through a symlink still finds its sources under examples/.
+root="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 default=quickjs
-if [[ $# -lt 2 || $# -gt 3 ]]; then
+usage() {
     echo "usage: $0 <source.js> <name> [quickjs|starlingmonkey|all]" >&2
     exit 2
-fi
-src="$(realpath "$1")"
+}
+[[ $# -ge 2 && $# -le 3 ]] || usage
 name=$2
 choice="${3:-$default}"
 case "$choice" in
     all|quickjs|starlingmonkey) ;;
-    *) echo "usage: $0 <source.js> <name> [quickjs|starlingmonkey|all]" >&2; exit 2 ;;
+    *) usage ;;
 esac
-examples="$root/examples"
-if [[ "$src" != "$examples"/* || ! -f "$src" ]]; then
+examples="$(realpath "$root/examples")"
+# A source that does not exist gets the message below, not realpath's error.
+src="$(realpath -- "$1" 2>/dev/null)" || src=
+if [[ -z "$src" || "$src" != "$examples"/* || ! -f "$src" ]]; then
     echo "$name: $1 is not a file under examples/" >&2
     exit 2
 fi
@@ -67,7 +71,9 @@ case "$choice" in
     all) build quickjs; build starlingmonkey ;;
     *) build "$choice" ;;
 esac
-if [[ -f "$out/$name-$default.wasm" ]]; then
+# Only a default-engine build made by this run becomes <name>.wasm (an older
+# one left by an earlier run is not refreshed by building another engine).
+if [[ $choice == all || $choice == "$default" ]]; then
     cp -f "$out/$name-$default.wasm" "$out/$name.wasm.tmp"
     mv -f "$out/$name.wasm.tmp" "$out/$name.wasm"
     echo "$name: $out/$name.wasm (= $default)"

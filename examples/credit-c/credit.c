@@ -150,6 +150,9 @@ static bool number(reader_t *r, num_kind_t *kind, int64_t *out) {
         if (r->p >= r->end || *r->p < '0' || *r->p > '9') return json_error(r, "invalid JSON: bad number");
         while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
     }
+    // serde_json reads `-0` as the float -0.0, so the Rust handler refuses it
+    // for an i64: so does this one.
+    if (neg && mag == 0 && !overflow) is_int = false;
     if (kind) {
         *kind = !is_int ? NUM_FLOAT : overflow ? NUM_BIG : NUM_INT;
         if (*kind == NUM_INT) *out = neg ? (int64_t)(0 - mag) : (int64_t)mag;

@@ -43,6 +43,11 @@ class Members(dict):
         self.duplicates = [k for k in FIELDS if sum(1 for p in pairs if p[0] == k) > 1]
 
 
+def _int(text: str):
+    """A JSON integer literal as json.loads reads it, except `-0`: -0.0."""
+    return -0.0 if text == "-0" else int(text)
+
+
 def reject(reason: str) -> Err:
     return Err(HandlerError_Reject(reason))
 
@@ -61,7 +66,9 @@ def integer_field(event: dict, name: str) -> int:
 class WitWorld(wit_world.WitWorld):
     def handle(self, msg: Message) -> None:
         try:
-            event = json.loads(msg.payload, object_pairs_hook=Members)
+            # parse_int: serde_json reads `-0` as the float -0.0, so the Rust
+            # handler refuses it for an i64; a float here is refused too.
+            event = json.loads(msg.payload, object_pairs_hook=Members, parse_int=_int)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
             raise reject(f"not a credit event: {e}")
         if not isinstance(event, dict):

@@ -212,7 +212,11 @@ pub mod tx {
     /// ```no_run
     /// use idem_guest::{params, tx};
     /// let rows = tx::query("SELECT balance FROM accounts WHERE account_id = $1", params![73])?;
-    /// let balance = rows.get(0, "balance").and_then(|v| v.as_i64()).unwrap_or(0);
+    /// // Typed: `?` rejects the message on a missing column or a wrong type.
+    /// let balance: i64 = match rows.first() {
+    ///     Some(row) => row.get("balance")?,
+    ///     None => 0,
+    /// };
     /// # Ok::<(), idem_guest::HandlerError>(())
     /// ```
     pub fn query(sql: &str, params: &[Value]) -> Result<Rows, DbError> {

@@ -338,6 +338,17 @@ pub fn write_config(dir: &Path, nats: &Nats, db: &TestDb, handlers: &[HandlerSpe
 }
 
 /// A host running in this process until dropped or stopped.
+/// Sends the in-process host's log (`RUST_LOG`, default `info`) to the test's
+/// captured output, so a failing test prints what the host did.
+fn capture_host_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 pub struct RunningHost {
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<Summary>>,
@@ -346,6 +357,7 @@ pub struct RunningHost {
 
 impl RunningHost {
     pub async fn start(config: &Path) -> Self {
+        capture_host_logs();
         let config = Config::load(config).unwrap();
         let host = Host::start(&config).await.unwrap();
         let stats = host.stats();

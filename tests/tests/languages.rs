@@ -8,9 +8,11 @@
 //!    nothing changes;
 //! 3. the same event published again (a second delivery of one event under
 //!    a new stream sequence) is a duplicate too; two new events are credited
-//!    and a malformed one is rejected by the handler's own validation and
-//!    dead-lettered at once;
-//! 4. the final rows are exact: balances, receipt ids, the dead letter.
+//!    and three that are not credit events are rejected by the handler's own
+//!    validation and dead-lettered at once (a string id, and two the host's
+//!    JSON identity rule lets through: `-0`, which serde_json reads as a
+//!    float, and a fractional amount);
+//! 4. the final rows are exact: balances, receipt ids, the dead letters.
 //!
 //! Components: `examples/credit` (Rust, guest SDK), `examples/credit-c`
 //! (C: wit-bindgen + zig cc), `examples/credit-js` built with QuickJS (the
@@ -42,11 +44,22 @@ async fn credit_in(example: &'static str, build: Option<&str>, backend: Backend)
         .await;
     e.publish(&json!({"event_id": "evt_3", "account_id": 74, "amount": 9}))
         .await;
-    e.publish(&json!({"event_id": "evt_bad", "account_id": "73", "amount": 1}))
+    let rejected = ["evt_bad", "evt_neg0", "evt_float"];
+    e.publish(&json!({"event_id": rejected[0], "account_id": "73", "amount": 1}))
+        .await;
+    // `json!` would write -0 as 0: the payload is written out.
+    publish(
+        &e.js,
+        &e.handler.subjects[0],
+        r#"{"event_id": "evt_neg0", "account_id": -0, "amount": 1}"#,
+        &[],
+    )
+    .await;
+    e.publish(&json!({"event_id": rejected[2], "account_id": 74, "amount": 1.5}))
         .await;
     let s = host
-        .wait_for(&name, "four messages", |s| {
-            s.processed + s.duplicates + s.dead_lettered >= 4
+        .wait_for(&name, "six messages", |s| {
+            s.processed + s.duplicates + s.dead_lettered >= 6
         })
         .await;
     assert_eq!(
@@ -58,7 +71,7 @@ async fn credit_in(example: &'static str, build: Option<&str>, backend: Backend)
             s.retried,
             s.traps
         ),
-        (4, 2, 1, 1, 0, 0),
+        (6, 2, 1, 3, 0, 0),
         "{example}: {s}"
     );
     host.stop().await;
@@ -71,16 +84,17 @@ async fn credit_in(example: &'static str, build: Option<&str>, backend: Backend)
     assert_eq!(
         e.db.receipt_ids(&name).await,
         strs(&["evt_1", "evt_2", "evt_3"]),
-        "{example}: evt_bad must leave no receipt"
+        "{example}: a rejected event leaves no receipt"
     );
     let dead = e.db.dead_letters(&name).await;
-    assert_eq!(dead.len(), 1, "{example}: {dead:?}");
-    assert_eq!(dead[0].0.as_deref(), Some("evt_bad"), "{example}");
-    assert!(
-        dead[0].1.starts_with("rejected: not a credit event"),
-        "{example}: {}",
-        dead[0].1
-    );
+    let ids: Vec<&str> = dead.iter().filter_map(|(id, _)| id.as_deref()).collect();
+    assert_eq!(ids, rejected, "{example}: {dead:?}");
+    for (id, reason) in &dead {
+        assert!(
+            reason.starts_with("rejected: not a credit event"),
+            "{example}: {id:?}: {reason}"
+        );
+    }
 }
 
 async fn rust(backend: Backend) {
