@@ -408,18 +408,7 @@ async fn setup(db: &Database) -> Result<()> {
         ),
         "ANALYZE accounts".to_string(),
     ];
-    for sql in statements {
-        let sql = sqlx::AssertSqlSafe(sql);
-        match db {
-            Database::Postgres(pool) => {
-                sqlx::raw_sql(sql).execute(pool).await?;
-            }
-            Database::Sqlite(pool) => {
-                sqlx::raw_sql(sql).execute(pool).await?;
-            }
-        }
-    }
-    Ok(())
+    common::run_sql(db, statements).await
 }
 
 struct Bench<'a> {

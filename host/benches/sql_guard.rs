@@ -265,18 +265,7 @@ async fn setup(db: &Database, accounts: &str, ledger: &str) -> Result<()> {
         format!("ANALYZE {accounts}"),
         format!("ANALYZE {ledger}"),
     ];
-    for sql in statements {
-        let sql = sqlx::AssertSqlSafe(sql);
-        match db {
-            Database::Postgres(pool) => {
-                sqlx::raw_sql(sql).execute(pool).await?;
-            }
-            Database::Sqlite(pool) => {
-                sqlx::raw_sql(sql).execute(pool).await?;
-            }
-        }
-    }
-    Ok(())
+    common::run_sql(db, statements).await
 }
 
 async fn cleanup_postgres(db: &Database, prefix: &str) -> Result<()> {

@@ -1,6 +1,7 @@
-//! What the benches share: medians of samples in nanoseconds, and their
-//! printing.
+//! What the benches share: medians of samples in nanoseconds, their
+//! printing, and setting up their tables.
 
+use idem::store::Database;
 use std::time::Instant;
 
 /// The median of `v` (NaN when empty).
@@ -30,4 +31,24 @@ pub fn fmt_ns(ns: f64) -> String {
     } else {
         format!("{:.2} s", ns / 1e9)
     }
+}
+
+/// Runs each of `statements` (setup SQL written by the bench itself, not a
+/// guest's) on `db`, outside any transaction, stopping at the first error.
+pub async fn run_sql(
+    db: &Database,
+    statements: impl IntoIterator<Item = String>,
+) -> anyhow::Result<()> {
+    for sql in statements {
+        let sql = sqlx::AssertSqlSafe(sql);
+        match db {
+            Database::Postgres(pool) => {
+                sqlx::raw_sql(sql).execute(pool).await?;
+            }
+            Database::Sqlite(pool) => {
+                sqlx::raw_sql(sql).execute(pool).await?;
+            }
+        }
+    }
+    Ok(())
 }
