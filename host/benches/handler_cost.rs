@@ -477,11 +477,11 @@ impl Bench<'_> {
             Worker::ReceiptOnly => {}
             Worker::Native => {
                 let event: CreditEvent = serde_json::from_slice(&m.payload)?;
-                let checked = self.guard.check(CREDIT)?;
                 let params = [
                     SqlValue::Integer(event.account_id),
                     SqlValue::Integer(event.amount),
                 ];
+                let checked = self.guard.check(&mut tx, CREDIT, &params).await?;
                 let n = tx.execute(&checked, &params).await?;
                 ensure!(n == 1, "native: {n} rows affected, expected 1");
             }

@@ -155,6 +155,15 @@ pub struct HandlerConfig {
     /// Most rows one query may return to the guest. Default 10,000.
     #[serde(default = "default_max_rows")]
     pub max_rows: usize,
+    /// Bytes of values one message's queries may return to the guest, all
+    /// statements together, in KiB. Also bounds (on SQLite) any one value or
+    /// row its statements create or read. Default 8192 (8 MiB).
+    #[serde(default = "default_max_result_kib")]
+    pub max_result_kib: usize,
+    /// Bytes of parameter values one statement may carry, in KiB. Default
+    /// 8192 (8 MiB).
+    #[serde(default = "default_max_param_kib")]
+    pub max_param_kib: usize,
     /// Log output (the `log` interface and, under WASI, stdout/stderr) per
     /// message, in KiB; the rest is dropped and counted. Default 64.
     #[serde(default = "default_max_log_kib")]
@@ -202,6 +211,12 @@ fn default_max_statements() -> u32 {
 }
 fn default_max_rows() -> usize {
     10_000
+}
+fn default_max_result_kib() -> usize {
+    8192
+}
+fn default_max_param_kib() -> usize {
+    8192
 }
 fn default_max_log_kib() -> usize {
     64
@@ -392,6 +407,12 @@ impl Config {
             if h.retry_delay.is_some() && !h.backoff.is_empty() {
                 return Err(format!(
                     "handler `{}`: set either retry_delay or backoff, not both",
+                    h.name
+                ));
+            }
+            if h.max_result_kib == 0 || h.max_param_kib == 0 {
+                return Err(format!(
+                    "handler `{}`: max_result_kib and max_param_kib must be at least 1",
                     h.name
                 ));
             }

@@ -90,6 +90,8 @@ impl Pipeline {
             max_memory_bytes: cfg.max_memory_mib as usize * 1024 * 1024,
             max_statements: cfg.max_statements,
             max_rows: cfg.max_rows,
+            max_result_bytes: cfg.max_result_kib.saturating_mul(1024),
+            max_param_bytes: cfg.max_param_kib.saturating_mul(1024),
             max_log_bytes: cfg.max_log_kib.saturating_mul(1024),
         };
         Self {

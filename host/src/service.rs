@@ -59,6 +59,18 @@ pub enum RunMode {
     Drain,
 }
 
+/// Says once, loudly, when idem connects to PostgreSQL as a superuser: a
+/// superuser session can leave any role it switches to, so the handler roles
+/// add nothing and the SQL guard is the only boundary.
+async fn warn_if_superuser(db: &Database) {
+    if let Ok(Some((user, true))) = db.session_user().await {
+        tracing::warn!(
+            user = %user,
+            "idem connects to PostgreSQL as superuser `{user}`: handler roles are not a boundary for a superuser session, only the SQL guard is; connect as a non-superuser that owns idem's tables and may create roles (README: What a handler can and cannot do)"
+        );
+    }
+}
+
 impl Host {
     /// Connects, prepares host tables, applies handler migrations, loads the
     /// components and creates streams and consumers. Every error is one line
@@ -82,6 +94,7 @@ impl Host {
             .await?,
         );
         db.prepare_host_tables().await?;
+        warn_if_superuser(&db).await;
         for h in &config.handlers {
             if let Some(dir) = &h.migrations {
                 db.migrate_handler(&h.name, dir).await.with_context(|| {

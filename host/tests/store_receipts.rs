@@ -106,12 +106,21 @@ async fn rollback_leaves_nothing(db: &Database) {
     let t = unique("rb");
     raw(db, &format!("CREATE TABLE {t} (id BIGINT PRIMARY KEY)")).await;
     let guard = SqlGuard::new(db.kind(), std::slice::from_ref(&t));
-    let ins = guard
-        .check(&format!("INSERT INTO {t} (id) VALUES ($1)"))
-        .unwrap();
-    let count = guard.check(&format!("SELECT count(*) FROM {t}")).unwrap();
 
     let mut tx = db.begin().await.unwrap();
+    // Checked once, in the first transaction; run in each of them.
+    let ins = guard
+        .check(
+            &mut tx,
+            &format!("INSERT INTO {t} (id) VALUES ($1)"),
+            &[SqlValue::Integer(1)],
+        )
+        .await
+        .unwrap();
+    let count = guard
+        .check(&mut tx, &format!("SELECT count(*) FROM {t}"), &[])
+        .await
+        .unwrap();
     assert!(
         tx.insert_receipt(&receipt(&consumer, "evt_1"))
             .await
@@ -134,7 +143,7 @@ async fn rollback_leaves_nothing(db: &Database) {
 
     let mut tx = db.begin().await.unwrap();
     assert_eq!(
-        tx.query(&count, &[], 1).await.unwrap().rows,
+        tx.query(&count, &[], 1, 1024).await.unwrap().rows,
         vec![vec![SqlValue::Integer(0)]]
     );
     // The same message then commits once.

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem::sql_guard::SqlGuard;
-use idem::store::{Database, DbErrorKind, Receipt, SqlValue};
+use idem::store::{Database, DbError, DbErrorKind, Receipt, SqlValue, StatementError};
 use sqlx::AssertSqlSafe;
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -18,6 +18,14 @@ async fn raw(db: &Database, sql: &str) {
         .execute(p)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// The error of a statement that failed while its transaction goes on.
+fn failed<T: std::fmt::Debug>(r: Result<T, StatementError>) -> DbError {
+    match r {
+        Err(StatementError::Failed(e)) => e,
+        other => panic!("expected a failed statement, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -72,16 +80,27 @@ async fn handler_role_holds_only_its_granted_tables() {
 
     // Its own table, serial column included (sequence usage granted).
     let ins = guard
-        .check(&format!("INSERT INTO {mine} (v) VALUES ($1)"))
+        .check(
+            &mut tx,
+            &format!("INSERT INTO {mine} (v) VALUES ($1)"),
+            &[SqlValue::Integer(7)],
+        )
+        .await
         .unwrap();
     assert_eq!(tx.execute(&ins, &[SqlValue::Integer(7)]).await.unwrap(), 1);
     // Another table: PostgreSQL refuses, the transaction goes on.
-    let sel = guard.check(&format!("SELECT v FROM {secret}")).unwrap();
-    let err = tx.query(&sel, &[], 10).await.unwrap_err();
+    let sel = guard
+        .check(&mut tx, &format!("SELECT v FROM {secret}"), &[])
+        .await
+        .unwrap();
+    let err = failed(tx.query(&sel, &[], 10, 1024).await);
     assert_eq!(err.kind, DbErrorKind::Denied, "{err:?}");
-    let upd = guard.check(&format!("UPDATE {secret} SET v = 0")).unwrap();
+    let upd = guard
+        .check(&mut tx, &format!("UPDATE {secret} SET v = 0"), &[])
+        .await
+        .unwrap();
     assert_eq!(
-        tx.execute(&upd, &[]).await.unwrap_err().kind,
+        failed(tx.execute(&upd, &[]).await).kind,
         DbErrorKind::Denied
     );
     tx.commit().await.unwrap();

@@ -1,14 +1,20 @@
 //! Guest statements through `Tx::execute` / `Tx::query` on real PostgreSQL
 //! and SQLite: parameter binding, value decoding, error kinds, per-statement
-//! savepoints and the row limit. Every test runs on both databases.
+//! savepoints and the row and byte bounds. Every test runs on both databases
+//! unless its name says `pg_`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem::sql_guard::{CheckedSql, SqlGuard};
-use idem::store::{Database, DbErrorKind, DbKind, Receipt, Rows, SqlValue, Tx};
+use idem::store::{
+    Database, DbError, DbErrorKind, DbKind, Receipt, Rows, SqlValue, StatementError, Tx,
+};
 use sqlx::AssertSqlSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A byte bound no test query comes near (`Tx::query`'s `max_bytes`).
+const MAX_BYTES: usize = 1 << 20;
 
 fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -37,10 +43,40 @@ async fn raw(db: &Database, sql: &str) {
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-fn check(db: &Database, table: &str, sql: &str) -> CheckedSql {
+/// `sql` judged as it will run in `tx` with values of `params`' types, with
+/// only `table` granted; panics when it is refused.
+async fn check(
+    db: &Database,
+    tx: &mut Tx,
+    table: &str,
+    sql: &str,
+    params: &[SqlValue],
+) -> CheckedSql {
     SqlGuard::new(db.kind(), &[table.to_string()])
-        .check(sql)
+        .check(tx, sql, params)
+        .await
         .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+}
+
+/// Why `sql` is refused when judged in `tx` (only `table` granted); panics
+/// when it passes.
+async fn refused(db: &Database, tx: &mut Tx, table: &str, sql: &str) -> DbError {
+    match SqlGuard::new(db.kind(), &[table.to_string()])
+        .check(tx, sql, &[])
+        .await
+    {
+        Ok(c) => panic!("{sql}: passed as {:?}", c.as_str()),
+        Err(e) => e,
+    }
+}
+
+/// The error of a statement that failed while its transaction goes on;
+/// panics on success or on a lost transaction.
+fn failed<T: std::fmt::Debug>(r: Result<T, StatementError>) -> DbError {
+    match r {
+        Err(StatementError::Failed(e)) => e,
+        other => panic!("expected a failed statement, got {other:?}"),
+    }
 }
 
 fn int(i: i64) -> SqlValue {
@@ -84,10 +120,13 @@ async fn create_table(db: &Database, t: &str) {
 async fn select_all(tx: &mut Tx, db: &Database, t: &str) -> Rows {
     let q = check(
         db,
+        tx,
         t,
         &format!("SELECT id, name, amount FROM {t} ORDER BY id"),
-    );
-    tx.query(&q, &[], 100).await.unwrap()
+        &[],
+    )
+    .await;
+    tx.query(&q, &[], 100, MAX_BYTES).await.unwrap()
 }
 
 on_both!(
@@ -99,49 +138,68 @@ async fn params_bind_by_number(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
     // $2 appears before $1: each must take its own argument.
+    let p = [int(7), text("seven"), int(70)];
     let ins = check(
         db,
+        &mut tx,
         t,
         &format!("INSERT INTO {t} (name, id, amount) VALUES ($2, $1, $3)"),
-    );
-    assert_eq!(
-        tx.execute(&ins, &[int(7), text("seven"), int(70)])
-            .await
-            .unwrap(),
-        1
-    );
+        &p,
+    )
+    .await;
+    assert_eq!(tx.execute(&ins, &p).await.unwrap(), 1);
+    let p = [int(7), int(70)];
     let q = check(
         db,
+        &mut tx,
         t,
         &format!("SELECT name, amount FROM {t} WHERE amount = $2 AND id = $1"),
-    );
-    let rows = tx.query(&q, &[int(7), int(70)], 10).await.unwrap();
+        &p,
+    )
+    .await;
+    let rows = tx.query(&q, &p, 10, MAX_BYTES).await.unwrap();
     assert_eq!(rows.columns, vec!["name", "amount"]);
     assert_eq!(rows.rows, vec![vec![text("seven"), int(70)]]);
-    // One statement text, different parameter types, in one transaction.
-    let q = check(
-        db,
-        t,
-        &format!("SELECT count(*) FROM {t} WHERE name = $1 OR $1 IS NULL"),
-    );
-    for (p, n) in [(text("seven"), 1), (text("x"), 0), (SqlValue::Null, 1)] {
-        let rows = tx.query(&q, &[p], 10).await.unwrap();
+    // One statement text, different parameter types, in one transaction:
+    // each type signature is checked for its own (on PostgreSQL the checked
+    // text names the types; on SQLite it is the text as given).
+    let sql = format!("SELECT count(*) FROM {t} WHERE name = $1 OR $1 IS NULL");
+    for (p, n, letter) in [
+        (text("seven"), 1, "t"),
+        (text("x"), 0, "t"),
+        (SqlValue::Null, 1, "n"),
+    ] {
+        let p = [p];
+        let q = check(db, &mut tx, t, &sql, &p).await;
+        let judged = match db.kind() {
+            DbKind::Postgres => format!("{sql}\n-- idem:{letter}"),
+            DbKind::Sqlite => sql.clone(),
+        };
+        assert_eq!(q.as_str(), judged);
+        let rows = tx.query(&q, &p, 10, MAX_BYTES).await.unwrap();
         assert_eq!(rows.rows, vec![vec![int(n)]]);
     }
     // NULL binds into integer and text columns alike.
+    let p = [int(8), text("eight"), SqlValue::Null];
     let ins = check(
         db,
+        &mut tx,
         t,
         &format!("INSERT INTO {t} (id, name, amount) VALUES ($1, $2, $3)"),
-    );
-    assert_eq!(
-        tx.execute(&ins, &[int(8), text("eight"), SqlValue::Null])
-            .await
-            .unwrap(),
-        1
-    );
-    let upd = check(db, t, &format!("UPDATE {t} SET amount = $1 WHERE id >= $2"));
-    assert_eq!(tx.execute(&upd, &[int(5), int(7)]).await.unwrap(), 2);
+        &p,
+    )
+    .await;
+    assert_eq!(tx.execute(&ins, &p).await.unwrap(), 1);
+    let p = [int(5), int(7)];
+    let upd = check(
+        db,
+        &mut tx,
+        t,
+        &format!("UPDATE {t} SET amount = $1 WHERE id >= $2"),
+        &p,
+    )
+    .await;
+    assert_eq!(tx.execute(&upd, &p).await.unwrap(), 2);
     assert_eq!(
         select_all(&mut tx, db, t).await.rows,
         vec![
@@ -150,15 +208,26 @@ async fn params_bind_by_number(db: &Database, t: &str) {
         ]
     );
     // The wrong number of parameters is refused before the database.
-    let e = tx.execute(&ins, &[int(9)]).await.unwrap_err();
+    let e = failed(tx.execute(&ins, &[int(9)]).await);
     assert_eq!(e.kind, DbErrorKind::Other);
     assert_eq!(
         e.message,
         "the statement has 3 parameter(s) ($1..$n) but 1 value(s) were given"
     );
     // No row: no columns either.
-    let q = check(db, t, &format!("SELECT id FROM {t} WHERE id = $1"));
-    assert_eq!(tx.query(&q, &[int(99)], 10).await.unwrap(), Rows::default());
+    let p = [int(99)];
+    let q = check(
+        db,
+        &mut tx,
+        t,
+        &format!("SELECT id FROM {t} WHERE id = $1"),
+        &p,
+    )
+    .await;
+    assert_eq!(
+        tx.query(&q, &p, 10, MAX_BYTES).await.unwrap(),
+        Rows::default()
+    );
     tx.rollback().await.unwrap();
     raw(db, &format!("DROP TABLE {t}")).await;
 }
@@ -177,12 +246,8 @@ async fn values_decode(db: &Database, t: &str) {
     };
     raw(db, &ddl).await;
     let mut tx = db.begin().await.unwrap();
-    let ins = check(
-        db,
-        t,
-        &format!(
-            "INSERT INTO {t} (i2, i4, i8, f4, f8, tx, vc, bp, bt, bo, nu) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-        ),
+    let ins_sql = format!(
+        "INSERT INTO {t} (i2, i4, i8, f4, f8, tx, vc, bp, bt, bo, nu) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
     );
     let params = vec![
         int(-2),
@@ -197,15 +262,20 @@ async fn values_decode(db: &Database, t: &str) {
         SqlValue::Boolean(true),
         int(12),
     ];
+    let ins = check(db, &mut tx, t, &ins_sql, &params).await;
     assert_eq!(tx.execute(&ins, &params).await.unwrap(), 1);
     let nulls = vec![SqlValue::Null; 11];
+    let ins = check(db, &mut tx, t, &ins_sql, &nulls).await;
     assert_eq!(tx.execute(&ins, &nulls).await.unwrap(), 1);
     let q = check(
         db,
+        &mut tx,
         t,
         &format!("SELECT i2, i4, i8, f4, f8, tx, vc, bp, bt, bo FROM {t} ORDER BY i2 NULLS LAST"),
-    );
-    let rows = tx.query(&q, &[], 10).await.unwrap();
+        &[],
+    )
+    .await;
+    let rows = tx.query(&q, &[], 10, MAX_BYTES).await.unwrap();
     assert_eq!(
         rows.columns,
         vec!["i2", "i4", "i8", "f4", "f8", "tx", "vc", "bp", "bt", "bo"]
@@ -236,10 +306,17 @@ async fn values_decode(db: &Database, t: &str) {
             vec![SqlValue::Null; 10],
         ]
     );
-    let q = check(db, t, &format!("SELECT nu FROM {t} ORDER BY i2 NULLS LAST"));
+    let q = check(
+        db,
+        &mut tx,
+        t,
+        &format!("SELECT nu FROM {t} ORDER BY i2 NULLS LAST"),
+        &[],
+    )
+    .await;
     match db.kind() {
         DbKind::Postgres => {
-            let e = tx.query(&q, &[], 10).await.unwrap_err();
+            let e = failed(tx.query(&q, &[], 10, MAX_BYTES).await);
             assert_eq!(e.kind, DbErrorKind::Other);
             assert_eq!(
                 e.message,
@@ -247,10 +324,13 @@ async fn values_decode(db: &Database, t: &str) {
             );
             let q = check(
                 db,
+                &mut tx,
                 t,
                 &format!("SELECT nu::bigint AS n, nu::text AS s FROM {t} ORDER BY i2 NULLS LAST"),
-            );
-            let rows = tx.query(&q, &[], 10).await.unwrap();
+                &[],
+            )
+            .await;
+            let rows = tx.query(&q, &[], 10, MAX_BYTES).await.unwrap();
             assert_eq!(
                 rows.rows,
                 vec![
@@ -260,18 +340,19 @@ async fn values_decode(db: &Database, t: &str) {
             );
         }
         DbKind::Sqlite => {
-            let rows = tx.query(&q, &[], 10).await.unwrap();
+            let rows = tx.query(&q, &[], 10, MAX_BYTES).await.unwrap();
             assert_eq!(rows.rows, vec![vec![int(12)], vec![SqlValue::Null]]);
             // Storage class, not declared type: a REAL column holding an integer value.
+            let p = [SqlValue::Bytes(b"x".to_vec())];
             let q = check(
                 db,
+                &mut tx,
                 t,
                 &format!("SELECT tx, 1.0 * i2 AS r, $1 AS p FROM {t} WHERE i2 = -2"),
-            );
-            let rows = tx
-                .query(&q, &[SqlValue::Bytes(b"x".to_vec())], 10)
-                .await
-                .unwrap();
+                &p,
+            )
+            .await;
+            let rows = tx.query(&q, &p, 10, MAX_BYTES).await.unwrap();
             assert_eq!(
                 rows.rows,
                 vec![vec![
@@ -290,20 +371,13 @@ on_both!(error_kinds_pg, error_kinds_sqlite, error_kinds);
 async fn error_kinds(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
-    let ins = check(
-        db,
-        t,
-        &format!("INSERT INTO {t} (id, name, amount, parent) VALUES ($1, $2, $3, $4)"),
-    );
+    let ins_sql = format!("INSERT INTO {t} (id, name, amount, parent) VALUES ($1, $2, $3, $4)");
     let row = |id: i64, name: SqlValue, amount: i64, parent: SqlValue| {
         vec![int(id), name, int(amount), parent]
     };
-    assert_eq!(
-        tx.execute(&ins, &row(1, text("a"), 10, SqlValue::Null))
-            .await
-            .unwrap(),
-        1
-    );
+    let first = row(1, text("a"), 10, SqlValue::Null);
+    let ins = check(db, &mut tx, t, &ins_sql, &first).await;
+    assert_eq!(tx.execute(&ins, &first).await.unwrap(), 1);
     let cases = [
         (
             row(1, text("dup"), 10, SqlValue::Null),
@@ -323,61 +397,67 @@ async fn error_kinds(db: &Database, t: &str) {
         ),
     ];
     for (params, kind) in cases {
-        let e = tx.execute(&ins, &params).await.unwrap_err();
+        let ins = check(db, &mut tx, t, &ins_sql, &params).await;
+        let e = failed(tx.execute(&ins, &params).await);
         assert_eq!(e.kind, kind, "{params:?}: {}", e.message);
         assert!(!e.message.contains('\n'));
     }
     // The message names the code it was classified by.
-    let e = tx
-        .execute(&ins, &row(1, text("dup"), 10, SqlValue::Null))
-        .await
-        .unwrap_err();
+    let dup = row(1, text("dup"), 10, SqlValue::Null);
+    let ins = check(db, &mut tx, t, &ins_sql, &dup).await;
+    let e = failed(tx.execute(&ins, &dup).await);
     let code = match db.kind() {
         DbKind::Postgres => "(SQLSTATE 23505)",
         DbKind::Sqlite => "(SQLite code 1555)",
     };
     assert!(e.message.ends_with(code), "{}", e.message);
-    // Unknown column: Other on both.
-    let bad = check(db, t, &format!("SELECT nope FROM {t}"));
-    assert_eq!(
-        tx.query(&bad, &[], 10).await.unwrap_err().kind,
-        DbErrorKind::Other
-    );
-    // sqlparser accepts it, the database's parser does not.
+    // Unknown column: PostgreSQL's parser does not resolve names, so it
+    // fails when it runs (Other); SQLite compiles the statement to judge it,
+    // so it is refused at check (Syntax).
+    let bad = format!("SELECT nope FROM {t}");
+    match db.kind() {
+        DbKind::Postgres => {
+            let bad = check(db, &mut tx, t, &bad, &[]).await;
+            assert_eq!(
+                failed(tx.query(&bad, &[], 10, MAX_BYTES).await).kind,
+                DbErrorKind::Other
+            );
+        }
+        DbKind::Sqlite => {
+            let e = refused(db, &mut tx, t, &bad).await;
+            assert_eq!(e.kind, DbErrorKind::Syntax);
+            assert_eq!(
+                e.message,
+                "statement does not compile: no such column: nope (SQLite code 1)"
+            );
+        }
+    }
+    // The other database's dialect: the database's own grammar refuses it
+    // at check.
     let e = match db.kind() {
         DbKind::Postgres => {
-            tx.execute(
-                &check(
-                    db,
-                    t,
-                    &format!("INSERT OR REPLACE INTO {t} VALUES (1, 'x', 1, NULL)"),
-                ),
-                &[],
+            refused(
+                db,
+                &mut tx,
+                t,
+                &format!("INSERT OR REPLACE INTO {t} VALUES (1, 'x', 1, NULL)"),
             )
             .await
         }
-        DbKind::Sqlite => tx
-            .query(
-                &check(db, t, &format!("SELECT id FROM {t} FOR UPDATE")),
-                &[],
-                10,
-            )
-            .await
-            .map(|_| 0),
-    }
-    .unwrap_err();
-    let expected = match db.kind() {
-        DbKind::Postgres => DbErrorKind::Syntax, // 42601
-        DbKind::Sqlite => DbErrorKind::Other,    // SQLITE_ERROR (1) does not tell syntax apart
+        DbKind::Sqlite => refused(db, &mut tx, t, &format!("SELECT id FROM {t} FOR UPDATE")).await,
     };
-    assert_eq!(e.kind, expected, "{}", e.message);
+    assert_eq!(e.kind, DbErrorKind::Syntax, "{}", e.message);
+    assert!(!e.message.contains('\n'), "{}", e.message);
+    if db.kind() == DbKind::Sqlite {
+        assert_eq!(
+            e.message,
+            "statement does not compile: near \"UPDATE\": syntax error (SQLite code 1)"
+        );
+    }
     // After all these failures the transaction goes on, and commits them not.
-    assert_eq!(
-        tx.execute(&ins, &row(2, text("b"), 20, int(1)))
-            .await
-            .unwrap(),
-        1
-    );
+    let last = row(2, text("b"), 20, int(1));
+    let ins = check(db, &mut tx, t, &ins_sql, &last).await;
+    assert_eq!(tx.execute(&ins, &last).await.unwrap(), 1);
     tx.commit().await.unwrap();
     let mut tx = db.begin().await.unwrap();
     assert_eq!(
@@ -412,14 +492,14 @@ async fn receipt_survives_guest_errors(db: &Database, t: &str) {
     assert!(tx.insert_receipt(&receipt).await.unwrap());
     let ins = check(
         db,
+        &mut tx,
         t,
         &format!("INSERT INTO {t} (id, name) VALUES ($1, $2)"),
-    );
+        &[int(1), text("a")],
+    )
+    .await;
     tx.execute(&ins, &[int(1), text("a")]).await.unwrap();
-    let e = tx
-        .execute(&ins, &[int(1), text("again")])
-        .await
-        .unwrap_err();
+    let e = failed(tx.execute(&ins, &[int(1), text("again")]).await);
     assert_eq!(e.kind, DbErrorKind::UniqueViolation);
     tx.execute(&ins, &[int(2), text("b")]).await.unwrap();
     tx.commit().await.unwrap();
@@ -436,13 +516,23 @@ async fn row_limit(db: &Database, t: &str) {
     let mut tx = db.begin().await.unwrap();
     let ins = check(
         db,
+        &mut tx,
         t,
         &format!("INSERT INTO {t} (id, name) VALUES (1, 'a'), (2, 'b'), (3, 'c')"),
-    );
+        &[],
+    )
+    .await;
     assert_eq!(tx.execute(&ins, &[]).await.unwrap(), 3);
-    let q = check(db, t, &format!("SELECT id FROM {t} ORDER BY id"));
-    assert_eq!(tx.query(&q, &[], 3).await.unwrap().rows.len(), 3);
-    let e = tx.query(&q, &[], 2).await.unwrap_err();
+    let q = check(
+        db,
+        &mut tx,
+        t,
+        &format!("SELECT id FROM {t} ORDER BY id"),
+        &[],
+    )
+    .await;
+    assert_eq!(tx.query(&q, &[], 3, MAX_BYTES).await.unwrap().rows.len(), 3);
+    let e = failed(tx.query(&q, &[], 2, MAX_BYTES).await);
     assert_eq!(e.kind, DbErrorKind::Other);
     assert_eq!(
         e.message,
@@ -451,29 +541,154 @@ async fn row_limit(db: &Database, t: &str) {
     // A RETURNING statement past the limit is undone, not half-applied.
     let upd = check(
         db,
+        &mut tx,
         t,
         &format!("UPDATE {t} SET name = 'changed' RETURNING id"),
-    );
+        &[],
+    )
+    .await;
     assert_eq!(
-        tx.query(&upd, &[], 1).await.unwrap_err().kind,
+        failed(tx.query(&upd, &[], 1, MAX_BYTES).await).kind,
         DbErrorKind::Other
     );
     let q = check(
         db,
+        &mut tx,
         t,
         &format!("SELECT count(*) FROM {t} WHERE name = 'changed'"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        tx.query(&q, &[], 1, MAX_BYTES).await.unwrap().rows,
+        vec![vec![int(0)]]
     );
-    assert_eq!(tx.query(&q, &[], 1).await.unwrap().rows, vec![vec![int(0)]]);
     let del = check(
         db,
+        &mut tx,
         t,
         &format!("DELETE FROM {t} WHERE id = $1 RETURNING id, name"),
-    );
-    let rows = tx.query(&del, &[int(2)], 1).await.unwrap();
+        &[int(2)],
+    )
+    .await;
+    let rows = tx.query(&del, &[int(2)], 1, MAX_BYTES).await.unwrap();
     assert_eq!(rows.columns, vec!["id", "name"]);
     assert_eq!(rows.rows, vec![vec![int(2), text("b")]]);
     tx.rollback().await.unwrap();
     raw(db, &format!("DROP TABLE {t}")).await;
+}
+
+on_both!(byte_limit_pg, byte_limit_sqlite, byte_limit);
+/// `max_bytes` bounds the values a query hands back (`SqlValue::size`
+/// summed): past it the query fails and a RETURNING statement is undone.
+async fn byte_limit(db: &Database, t: &str) {
+    create_table(db, t).await;
+    let mut tx = db.begin().await.unwrap();
+    let (a, b) = (text(&"a".repeat(1000)), text(&"b".repeat(1000)));
+    let p = [a.clone()];
+    let ins = check(
+        db,
+        &mut tx,
+        t,
+        &format!("INSERT INTO {t} (id, name) VALUES (1, $1), (2, $1), (3, $1)"),
+        &p,
+    )
+    .await;
+    assert_eq!(tx.execute(&ins, &p).await.unwrap(), 3);
+    // 3 rows of 1000 bytes: over 2500, within 3000.
+    let p = [b.clone()];
+    let upd = check(
+        db,
+        &mut tx,
+        t,
+        &format!("UPDATE {t} SET name = $1 RETURNING name"),
+        &p,
+    )
+    .await;
+    let e = failed(tx.query(&upd, &p, 10, 2500).await);
+    assert_eq!(e.kind, DbErrorKind::Other);
+    assert_eq!(
+        e.message,
+        "query results passed the 2 KiB this message may read (max_result_kib); select fewer columns or rows"
+    );
+    let q = check(
+        db,
+        &mut tx,
+        t,
+        &format!("SELECT name FROM {t} ORDER BY id"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        tx.query(&q, &[], 10, MAX_BYTES).await.unwrap().rows,
+        vec![vec![a.clone()]; 3],
+        "the UPDATE past the bound is undone"
+    );
+    let rows = tx.query(&upd, &p, 10, 3000).await.unwrap();
+    assert_eq!(rows.rows, vec![vec![b.clone()]; 3]);
+    // A plain SELECT is bounded the same way.
+    let e = failed(tx.query(&q, &[], 10, 2500).await);
+    assert_eq!(e.kind, DbErrorKind::Other);
+    assert!(e.message.starts_with("query results passed the 2 KiB"));
+    assert_eq!(
+        tx.query(&q, &[], 10, 3000).await.unwrap().rows,
+        vec![vec![b]; 3]
+    );
+    tx.rollback().await.unwrap();
+    raw(db, &format!("DROP TABLE {t}")).await;
+}
+
+/// On PostgreSQL a statement is checked for its parameters' types (the
+/// checked text names them); the store refuses it with values of other
+/// types until it is checked again with them.
+#[tokio::test]
+async fn pg_checked_types_must_match_the_values() {
+    let db = Database::connect(PG_URL, 1).await.unwrap();
+    let t = unique("st");
+    create_table(&db, &t).await;
+    let mut tx = db.begin().await.unwrap();
+    let ins_sql = format!("INSERT INTO {t} (id, name) VALUES ($1, $2)");
+    let ins = check(&db, &mut tx, &t, &ins_sql, &[int(1), text("a")]).await;
+    assert_eq!(ins.as_str(), format!("{ins_sql}\n-- idem:it"));
+    assert_eq!(ins.param_count(), 2);
+    assert!(ins.fits(&[int(2), text("b")]));
+    assert!(!ins.fits(&[int(2), SqlValue::Null]));
+    assert_eq!(tx.execute(&ins, &[int(1), text("a")]).await.unwrap(), 1);
+    let e = failed(tx.execute(&ins, &[text("2"), text("b")]).await);
+    assert_eq!(e.kind, DbErrorKind::Other);
+    assert_eq!(
+        e.message,
+        "the statement was checked for other parameter types; check it again with these values"
+    );
+    let sql = format!("SELECT count(*) FROM {t} WHERE name = $1 OR $1 IS NULL");
+    let q = check(&db, &mut tx, &t, &sql, &[text("a")]).await;
+    assert_eq!(q.as_str(), format!("{sql}\n-- idem:t"));
+    let e = failed(tx.query(&q, &[SqlValue::Null], 10, MAX_BYTES).await);
+    assert_eq!(
+        e.message,
+        "the statement was checked for other parameter types; check it again with these values"
+    );
+    // The wrong number of values is told apart from the wrong types.
+    let e = failed(tx.query(&q, &[], 10, MAX_BYTES).await);
+    assert_eq!(
+        e.message,
+        "the statement has 1 parameter(s) ($1..$n) but 0 value(s) were given"
+    );
+    // Checked again with these values, it runs; the refusals changed nothing.
+    let q = check(&db, &mut tx, &t, &sql, &[SqlValue::Null]).await;
+    assert_eq!(q.as_str(), format!("{sql}\n-- idem:n"));
+    assert_eq!(
+        tx.query(&q, &[SqlValue::Null], 10, MAX_BYTES)
+            .await
+            .unwrap()
+            .rows,
+        vec![vec![int(1)]]
+    );
+    // Without parameters the text is the guest's own.
+    let q = check(&db, &mut tx, &t, &format!("SELECT id FROM {t}"), &[]).await;
+    assert_eq!(q.as_str(), format!("SELECT id FROM {t}"));
+    tx.rollback().await.unwrap();
+    raw(&db, &format!("DROP TABLE {t}")).await;
 }
 
 /// PostgreSQL's own permission check (SQLSTATE 42501) maps to `Denied`.
@@ -491,10 +706,8 @@ async fn pg_permission_denied_is_denied() {
         .await
         .unwrap();
     let mut tx = limited.begin().await.unwrap();
-    let e = tx
-        .query(&check(&limited, &t, &format!("SELECT id FROM {t}")), &[], 1)
-        .await
-        .unwrap_err();
+    let q = check(&limited, &mut tx, &t, &format!("SELECT id FROM {t}"), &[]).await;
+    let e = failed(tx.query(&q, &[], 1, MAX_BYTES).await);
     assert_eq!(e.kind, DbErrorKind::Denied, "{}", e.message);
     assert!(e.message.ends_with("(SQLSTATE 42501)"), "{}", e.message);
     tx.rollback().await.unwrap();

@@ -8,7 +8,7 @@ use super::bindings::{DbError, Level, Rows, Value, idem::handler};
 use super::guest_log::LogSink;
 use super::wasi::WasiState;
 use crate::sql_guard::SqlGuard;
-use crate::store::{SqlValue, Tx};
+use crate::store::{SqlValue, StatementError, Tx};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime_wasi::{WasiCtxView, WasiView};
@@ -30,6 +30,8 @@ pub(crate) struct HostState {
     limits: Limits,
     deadline: Instant,
     statements: u32,
+    /// Bytes of values the message's queries returned so far.
+    result_bytes: usize,
     /// The message's guest log: `log` lines and WASI stdout/stderr.
     pub(crate) log: LogSink,
     /// The WASI context, built on the first WASI call. Only a module loaded
@@ -54,14 +56,17 @@ impl HostState {
             limits,
             deadline,
             statements: 0,
+            result_bytes: 0,
             log,
             wasi: None,
             stop: None,
         }
     }
 
-    /// Checks the statement budget and the SQL text, then converts the params.
-    fn admit(
+    /// Checks the statement budget, the parameters' size and the SQL text
+    /// (judged as it will run in this message's transaction), then converts
+    /// the params.
+    async fn admit(
         &mut self,
         sql: &str,
         params: Vec<Value>,
@@ -73,18 +78,30 @@ impl HostState {
                 self.limits.max_statements
             )));
         }
-        let checked = self.guard.check(sql).map_err(DbError::from)?;
-        Ok((checked, params.into_iter().map(SqlValue::from).collect()))
+        let params: Vec<SqlValue> = params.into_iter().map(SqlValue::from).collect();
+        let size: usize = params.iter().map(SqlValue::size).sum();
+        if size > self.limits.max_param_bytes {
+            return Err(DbError::denied(format!(
+                "the parameters are {size} bytes; a statement may carry at most {} KiB (max_param_kib)",
+                self.limits.max_param_bytes / 1024
+            )));
+        }
+        let checked = self
+            .guard
+            .check(&mut self.tx, sql, &params)
+            .await
+            .map_err(DbError::from)?;
+        Ok((checked, params))
     }
 }
 
 /// Awaits one statement, bounded by what is left of the message's deadline.
 /// A deadline that runs out here is a trap, not an error value: the guest must
-/// not go on.
+/// not go on; nor may it when the statement cost the host its transaction.
 async fn within<T>(
     deadline: Instant,
     stop: &mut Option<Stop>,
-    statement: impl Future<Output = Result<T, crate::store::DbError>>,
+    statement: impl Future<Output = Result<T, StatementError>>,
 ) -> wasmtime::Result<Result<T, DbError>> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -94,7 +111,9 @@ async fn within<T>(
         ));
     }
     match tokio::time::timeout(left, statement).await {
-        Ok(r) => Ok(r.map_err(DbError::from)),
+        Ok(Ok(v)) => Ok(Ok(v)),
+        Ok(Err(StatementError::Failed(e))) => Ok(Err(DbError::from(e))),
+        Ok(Err(StatementError::TransactionLost(why))) => Err(wasmtime::format_err!("{why}")),
         Err(_) => {
             *stop = Some(Stop::Deadline);
             Err(wasmtime::format_err!(
@@ -112,7 +131,7 @@ impl handler::transaction::Host for HostState {
         sql: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<u64, DbError>> {
-        let (sql, params) = match self.admit(&sql, params) {
+        let (sql, params) = match self.admit(&sql, params).await {
             Ok(ok) => ok,
             Err(e) => return Ok(Err(e)),
         };
@@ -129,17 +148,25 @@ impl handler::transaction::Host for HostState {
         sql: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<Rows, DbError>> {
-        let (sql, params) = match self.admit(&sql, params) {
+        let (sql, params) = match self.admit(&sql, params).await {
             Ok(ok) => ok,
             Err(e) => return Ok(Err(e)),
         };
         let max_rows = self.limits.max_rows;
+        let left = self
+            .limits
+            .max_result_bytes
+            .saturating_sub(self.result_bytes);
         let rows = within(
             self.deadline,
             &mut self.stop,
-            self.tx.query(&sql, &params, max_rows),
+            self.tx.query(&sql, &params, max_rows, left),
         )
         .await?;
+        if let Ok(rows) = &rows {
+            let size: usize = rows.rows.iter().flatten().map(SqlValue::size).sum();
+            self.result_bytes = self.result_bytes.saturating_add(size);
+        }
         Ok(rows.map(Rows::from))
     }
 }

@@ -17,7 +17,12 @@
 //!   traps.
 //! - **Statements and rows**: past [`Limits::max_statements`] statements a
 //!   message's statements are refused with a `denied` error value; a query may
-//!   return at most [`Limits::max_rows`] rows.
+//!   return at most [`Limits::max_rows`] rows, the message's queries together
+//!   at most [`Limits::max_result_bytes`], and a statement may carry at most
+//!   [`Limits::max_param_bytes`] of parameters. On SQLite no value or row the
+//!   guest's statements create or read may exceed the larger of the two
+//!   (`SQLITE_LIMIT_LENGTH`), so the database's own memory for one value is
+//!   bounded too.
 //! - **Log output**: at most [`Limits::max_log_bytes`] per message, `log`
 //!   lines and WASI stdout/stderr together; the rest is dropped and counted.
 //! - **Reach**: the SQL guard checks every statement before it runs; database
@@ -67,8 +72,22 @@ pub struct Limits {
     pub max_statements: u32,
     /// The most rows one query may return.
     pub max_rows: usize,
+    /// The most bytes of values ([`crate::store::SqlValue::size`]) one
+    /// message's queries may return to the guest, all statements together.
+    pub max_result_bytes: usize,
+    /// The most bytes of parameter values one statement may carry.
+    pub max_param_bytes: usize,
     /// The most log output one message may write; the rest is dropped and counted.
     pub max_log_bytes: usize,
+}
+
+impl Limits {
+    /// The largest single value or row a guest's statements may create or
+    /// read where the database can enforce it (SQLite): the larger of
+    /// [`Limits::max_result_bytes`] and [`Limits::max_param_bytes`].
+    pub fn max_value_bytes(&self) -> usize {
+        self.max_result_bytes.max(self.max_param_bytes).max(1)
+    }
 }
 
 impl Default for Limits {
@@ -78,6 +97,8 @@ impl Default for Limits {
             max_memory_bytes: 64 << 20,
             max_statements: 1000,
             max_rows: 10_000,
+            max_result_bytes: 8 << 20,
+            max_param_bytes: 8 << 20,
             max_log_bytes: 64 << 10,
         }
     }
@@ -230,6 +251,11 @@ impl Runtime {
             return (Err(HandlerFailure::Trap(failure.into())), tx);
         }
         let limits = call.limits.clone();
+        let mut tx = tx;
+        if let Err(e) = tx.bound_guest_values(limits.max_value_bytes()).await {
+            let failure = format!("cannot prepare the connection for the guest: {e}");
+            return (Err(HandlerFailure::Retry(failure)), tx);
+        }
         let now = Instant::now();
         // A deadline too far to represent is no deadline: a day will do.
         let deadline = now

@@ -24,12 +24,13 @@ mod pg_role;
 mod postgres;
 mod retention;
 mod sqlite;
+pub(crate) mod sqlite_raw;
 pub mod value;
 
 pub use admin::{ReceiptRow, ReceiptSummary};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 
-pub use value::{DbError, DbErrorKind, Rows, SqlValue};
+pub use value::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 
 use crate::sql_guard::CheckedSql;
 use anyhow::Context as _;
@@ -341,6 +342,19 @@ impl Database {
         }
     }
 
+    /// PostgreSQL only: the connecting user and whether it is a superuser.
+    /// A superuser session can leave any role it switches to, so with one the
+    /// handler roles are not a boundary (the caller warns). `Ok(None)` on SQLite.
+    ///
+    /// # Errors
+    /// The query fails (connection lost).
+    pub async fn session_user(&self) -> Result<Option<(String, bool)>, StoreError> {
+        match self {
+            Database::Postgres(pool) => Ok(Some(postgres::session_user(pool).await?)),
+            Database::Sqlite(_) => Ok(None),
+        }
+    }
+
     /// Closes the pool, waiting for connections to be returned.
     pub async fn close(&self) {
         match self {
@@ -367,9 +381,17 @@ impl Tx {
     /// Runs one checked guest statement with `params` bound to `$1..$n` in
     /// order; returns the rows affected. The statement runs in its own
     /// savepoint: on error its effects are undone and the transaction goes on.
-    /// Errors: kind from SQLSTATE / SQLite extended code; `Other` when the
-    /// parameter count differs from the statement's highest `$n`.
-    pub async fn execute(&mut self, sql: &CheckedSql, params: &[SqlValue]) -> Result<u64, DbError> {
+    ///
+    /// # Errors
+    /// [`StatementError::Failed`]: kind from SQLSTATE / SQLite extended code;
+    /// `Other` when the parameter count differs from the statement's highest
+    /// `$n`. [`StatementError::TransactionLost`]: afterwards the host's
+    /// transaction was no longer open or its savepoint could not be restored.
+    pub async fn execute(
+        &mut self,
+        sql: &CheckedSql,
+        params: &[SqlValue],
+    ) -> Result<u64, StatementError> {
         check_arity(sql, params)?;
         match self {
             Tx::Postgres(tx) => postgres::execute(tx, sql, params).await,
@@ -382,18 +404,75 @@ impl Tx {
     /// by column type (`int2/4/8`, `float4/8`, `text`/`varchar`/`bpchar`/`name`,
     /// `bytea`, `bool`; other types are an error asking for a cast), SQLite by
     /// each value's storage class. `columns` is empty when no row is returned.
-    /// More than `max_rows` rows: error `Other`, and the statement is undone.
+    ///
+    /// # Errors
+    /// As [`Tx::execute`]; also `Other` (and the statement is undone) when it
+    /// returns more than `max_rows` rows or more than `max_bytes` bytes of
+    /// values ([`SqlValue::size`]).
     pub async fn query(
         &mut self,
         sql: &CheckedSql,
         params: &[SqlValue],
         max_rows: usize,
-    ) -> Result<Rows, DbError> {
+        max_bytes: usize,
+    ) -> Result<Rows, StatementError> {
         check_arity(sql, params)?;
+        let bounds = ResultBounds {
+            max_rows,
+            max_bytes,
+        };
         match self {
-            Tx::Postgres(tx) => postgres::query(tx, sql, params, max_rows).await,
-            Tx::Sqlite(tx) => sqlite::query(tx, sql, params, max_rows).await,
+            Tx::Postgres(tx) => postgres::query(tx, sql, params, bounds).await,
+            Tx::Sqlite(tx) => sqlite::query(tx, sql, params, bounds).await,
         }
+    }
+
+    /// SQLite only: compiles `sql` on this transaction's connection with
+    /// `authorize` consulted for everything it would touch, without running
+    /// it (see [`sqlite_raw::compile_judged`]).
+    ///
+    /// # Errors
+    /// `Other` when the connection cannot be locked, or on PostgreSQL.
+    pub(crate) async fn compile_judged(
+        &mut self,
+        sql: &str,
+        authorize: &mut (dyn FnMut(&sqlite_raw::Request<'_>) -> Result<(), String> + Send),
+        flag_opcodes: &[&str],
+    ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {
+        match self {
+            Tx::Sqlite(tx) => {
+                let mut handle = tx.lock_handle().await.map_err(|e| DbError {
+                    kind: DbErrorKind::Other,
+                    message: one_line(&format!("cannot reach the connection: {e}")),
+                })?;
+                Ok(sqlite_raw::compile_judged(
+                    handle.as_raw_handle(),
+                    sql,
+                    authorize,
+                    flag_opcodes,
+                ))
+            }
+            Tx::Postgres(_) => Err(DbError {
+                kind: DbErrorKind::Other,
+                message: "SQLite statements cannot be compiled on PostgreSQL".into(),
+            }),
+        }
+    }
+
+    /// Bounds what the guest's statements may create or read in this
+    /// transaction: on SQLite no string, BLOB or row may exceed `max_value_bytes`
+    /// (`SQLITE_LIMIT_LENGTH`, restored when the connection returns to the
+    /// pool). PostgreSQL has no such setting: there results are counted as
+    /// they arrive ([`Tx::query`]). Call it before the guest runs.
+    ///
+    /// # Errors
+    /// The connection cannot be locked.
+    pub async fn bound_guest_values(&mut self, max_value_bytes: usize) -> Result<(), StoreError> {
+        if let Tx::Sqlite(tx) = self {
+            let mut handle = tx.lock_handle().await?;
+            sqlite_raw::set_length_limit(handle.as_raw_handle(), max_value_bytes);
+        }
+        Ok(())
     }
 
     /// Commits. Only after this returns `Ok` is the effect durable.
@@ -437,8 +516,13 @@ const RELEASE: &str = "RELEASE SAVEPOINT idem_stmt";
 const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt";
 
 fn check_arity(sql: &CheckedSql, params: &[SqlValue]) -> Result<(), DbError> {
-    if params.len() == sql.param_count() {
+    if params.len() == sql.param_count() && sql.fits(params) {
         Ok(())
+    } else if params.len() == sql.param_count() {
+        Err(DbError {
+            kind: DbErrorKind::Other,
+            message: "the statement was checked for other parameter types; check it again with these values".into(),
+        })
     } else {
         Err(DbError {
             kind: DbErrorKind::Other,
@@ -451,6 +535,36 @@ fn check_arity(sql: &CheckedSql, params: &[SqlValue]) -> Result<(), DbError> {
     }
 }
 
+/// The most rows and bytes of values a query may hand back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResultBounds {
+    max_rows: usize,
+    max_bytes: usize,
+}
+
+impl ResultBounds {
+    /// Adds one decoded row to `out`, or fails when it would pass a bound;
+    /// `used` carries the bytes counted so far.
+    fn push(&self, out: &mut Rows, row: Vec<SqlValue>, used: &mut usize) -> Result<(), DbError> {
+        if out.rows.len() >= self.max_rows {
+            return Err(too_many_rows(self.max_rows));
+        }
+        *used = used.saturating_add(row.iter().map(SqlValue::size).sum());
+        if *used > self.max_bytes {
+            return Err(DbError {
+                kind: DbErrorKind::Other,
+                message: format!(
+                    "query results passed the {} KiB this message may read (max_result_kib); \
+                     select fewer columns or rows",
+                    self.max_bytes / 1024
+                ),
+            });
+        }
+        out.rows.push(row);
+        Ok(())
+    }
+}
+
 fn too_many_rows(max_rows: usize) -> DbError {
     DbError {
         kind: DbErrorKind::Other,
@@ -460,15 +574,12 @@ fn too_many_rows(max_rows: usize) -> DbError {
     }
 }
 
-/// A failure restoring the transaction after a statement: the transaction
-/// is in an unknown state, so the handler should give up.
-fn savepoint_failed(e: &sqlx::Error) -> DbError {
-    DbError {
-        kind: DbErrorKind::Other,
-        message: one_line(&format!(
-            "the host could not isolate the statement in a savepoint: {e}"
-        )),
-    }
+/// A failure opening or restoring the statement's savepoint: the host's
+/// transaction is in an unknown state (perhaps ended), so the guest stops.
+fn savepoint_failed(e: &sqlx::Error) -> StatementError {
+    StatementError::TransactionLost(one_line(&format!(
+        "the host could not isolate the statement in a savepoint: {e}"
+    )))
 }
 
 /// `s` with NUL written as `\0` (borrowed when there is none).

@@ -2,10 +2,10 @@
 //! mapping of SQLSTATEs and column types to idem's values.
 
 use super::{
-    DeadLetter, RELEASE, Receipt, SAVEPOINT, UNDO, one_line, savepoint_failed, too_many_rows,
+    DeadLetter, RELEASE, Receipt, ResultBounds, SAVEPOINT, UNDO, one_line, savepoint_failed,
 };
 use crate::sql_guard::CheckedSql;
-use crate::store::{DbError, DbErrorKind, Rows, SqlValue};
+use crate::store::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 use futures::TryStreamExt as _;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
@@ -50,9 +50,20 @@ const HOST_TABLES: [&str; 4] = [
     )",
 ];
 
+/// Undoes whatever session state a connection may carry into its next use,
+/// run when it returns to the pool (every message, every host statement).
+/// The guard lets no guest statement change settings, roles, locks or
+/// session objects; this is the second line. Prepared statements are kept:
+/// they are sqlx's statement cache, and guests cannot create any.
+/// `pg_advisory_unlock_all` drops session-level advisory locks (the prune
+/// lock is transaction-scoped, so a host never holds one here).
+const RESET_SESSION: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
+    UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
+
 pub(super) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    // Guest SQL is re-printed by sqlparser, which reads a backslash in '...'
-    // as a plain character: the server must agree, whatever its default.
+    // Guest SQL is judged by libpg_query, which reads a backslash in '...'
+    // as a plain character (standard_conforming_strings = on, PostgreSQL's
+    // default): the server must agree, whatever its configuration says.
     let options = url
         .parse::<PgConnectOptions>()?
         .options([("standard_conforming_strings", "on")]);
@@ -63,7 +74,19 @@ pub(super) async fn connect(url: &str, max_connections: u32) -> Result<PgPool, s
     PgPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
+        // A connection whose reset fails is closed, never reused.
+        .after_release(|conn, _| {
+            Box::pin(async move { Ok(sqlx::raw_sql(RESET_SESSION).execute(conn).await.is_ok()) })
+        })
         .connect_with(options)
+        .await
+}
+
+/// The connecting user's name, and whether it is a superuser (who can leave
+/// any role it switches to, so a handler role is no boundary for it).
+pub(super) async fn session_user(pool: &PgPool) -> Result<(String, bool), sqlx::Error> {
+    sqlx::query_as("SELECT rolname::text, rolsuper FROM pg_roles WHERE rolname = session_user")
+        .fetch_one(pool)
         .await
 }
 
@@ -169,53 +192,53 @@ pub(super) async fn execute(
     tx: &mut Transaction<'static, Postgres>,
     sql: &CheckedSql,
     params: &[SqlValue],
-) -> Result<u64, DbError> {
+) -> Result<u64, StatementError> {
     let conn: &mut PgConnection = tx;
     sqlx::raw_sql(SAVEPOINT)
         .execute(&mut *conn)
         .await
         .map_err(|e| savepoint_failed(&e))?;
-    let result = bind(sqlx::query(sql.to_sqlx_typed(params)), params)
+    let result = bind(sqlx::query(sql.to_sqlx()), params)
         .execute(&mut *conn)
         .await
         .map(|done| done.rows_affected())
         .map_err(map_error);
     finish(conn, result.is_ok()).await?;
-    result
+    Ok(result?)
 }
 
 pub(super) async fn query(
     tx: &mut Transaction<'static, Postgres>,
     sql: &CheckedSql,
     params: &[SqlValue],
-    max_rows: usize,
-) -> Result<Rows, DbError> {
+    bounds: ResultBounds,
+) -> Result<Rows, StatementError> {
     let conn: &mut PgConnection = tx;
     sqlx::raw_sql(SAVEPOINT)
         .execute(&mut *conn)
         .await
         .map_err(|e| savepoint_failed(&e))?;
     let result = async {
-        let mut stream = bind(sqlx::query(sql.to_sqlx_typed(params)), params).fetch(&mut *conn);
+        let mut stream = bind(sqlx::query(sql.to_sqlx()), params).fetch(&mut *conn);
         let mut out = Rows::default();
+        let mut used = 0;
         while let Some(row) = stream.try_next().await.map_err(map_error)? {
-            if out.rows.len() >= max_rows {
-                return Err(too_many_rows(max_rows));
-            }
             if out.rows.is_empty() {
                 out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
             }
-            out.rows.push(decode_row(&row)?);
+            bounds.push(&mut out, decode_row(&row)?, &mut used)?;
         }
-        Ok(out)
+        Ok::<_, DbError>(out)
     }
     .await;
     finish(conn, result.is_ok()).await?;
-    result
+    Ok(result?)
 }
 
 /// Releases the statement's savepoint, or rolls back to it after an error.
-async fn finish(conn: &mut PgConnection, ok: bool) -> Result<(), DbError> {
+/// This is also the check that the statement left the host's transaction
+/// open: outside a transaction block PostgreSQL refuses both (SQLSTATE 25P01).
+async fn finish(conn: &mut PgConnection, ok: bool) -> Result<(), StatementError> {
     let sql = if ok { RELEASE } else { UNDO };
     sqlx::raw_sql(sql)
         .execute(conn)

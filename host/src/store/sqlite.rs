@@ -2,10 +2,11 @@
 //! mapping of extended result codes and storage classes to idem's values.
 
 use super::{
-    DeadLetter, RELEASE, Receipt, SAVEPOINT, UNDO, one_line, savepoint_failed, too_many_rows,
+    DeadLetter, RELEASE, Receipt, ResultBounds, SAVEPOINT, UNDO, one_line, savepoint_failed,
+    sqlite_raw,
 };
 use crate::sql_guard::CheckedSql;
-use crate::store::{DbError, DbErrorKind, Rows, SqlValue};
+use crate::store::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 use futures::TryStreamExt as _;
 use sqlx::error::BoxDynError;
 use sqlx::query::Query;
@@ -74,10 +75,16 @@ pub(super) async fn connect(
         .foreign_keys(true);
     let pool = SqlitePoolOptions::new()
         .acquire_timeout(lock_wait + Duration::from_secs(10))
-        // A transaction's time budget (`set_time_budget`) ends with it.
+        // A transaction's time budget (`set_time_budget`) and the guest's
+        // value bound (`Tx::bound_guest_values`) end with it.
         .after_release(|conn, _| {
             Box::pin(async move {
-                conn.lock_handle().await?.remove_progress_handler();
+                let mut handle = conn.lock_handle().await?;
+                handle.remove_progress_handler();
+                sqlite_raw::set_length_limit(
+                    handle.as_raw_handle(),
+                    sqlite_raw::DEFAULT_LENGTH_LIMIT,
+                );
                 Ok(true)
             })
         });
@@ -176,7 +183,7 @@ pub(super) async fn execute(
     tx: &mut Transaction<'static, Sqlite>,
     sql: &CheckedSql,
     params: &[SqlValue],
-) -> Result<u64, DbError> {
+) -> Result<u64, StatementError> {
     let conn: &mut SqliteConnection = tx;
     sqlx::raw_sql(SAVEPOINT)
         .execute(&mut *conn)
@@ -188,15 +195,15 @@ pub(super) async fn execute(
         .map(|done| done.rows_affected())
         .map_err(map_error);
     finish(conn, result.is_ok()).await?;
-    result
+    Ok(result?)
 }
 
 pub(super) async fn query(
     tx: &mut Transaction<'static, Sqlite>,
     sql: &CheckedSql,
     params: &[SqlValue],
-    max_rows: usize,
-) -> Result<Rows, DbError> {
+    bounds: ResultBounds,
+) -> Result<Rows, StatementError> {
     let conn: &mut SqliteConnection = tx;
     sqlx::raw_sql(SAVEPOINT)
         .execute(&mut *conn)
@@ -205,24 +212,35 @@ pub(super) async fn query(
     let result = async {
         let mut stream = bind(sqlx::query(sql.to_sqlx()), params).fetch(&mut *conn);
         let mut out = Rows::default();
+        let mut used = 0;
         while let Some(row) = stream.try_next().await.map_err(map_error)? {
-            if out.rows.len() >= max_rows {
-                return Err(too_many_rows(max_rows));
-            }
             if out.rows.is_empty() {
                 out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
             }
-            out.rows.push(decode_row(&row)?);
+            bounds.push(&mut out, decode_row(&row)?, &mut used)?;
         }
-        Ok(out)
+        Ok::<_, DbError>(out)
     }
     .await;
     finish(conn, result.is_ok()).await?;
-    result
+    Ok(result?)
 }
 
-/// Releases the statement's savepoint, or rolls back to it after an error.
-async fn finish(conn: &mut SqliteConnection, ok: bool) -> Result<(), DbError> {
+/// Checks that the statement left the host's transaction open, then
+/// releases the statement's savepoint, or rolls back to it after an error.
+/// A statement can end SQLite's transaction without asking the authorizer
+/// (a conflict resolved by ROLLBACK, which the guard refuses, is one way):
+/// then nothing after it may run, since it would run outside the transaction.
+async fn finish(conn: &mut SqliteConnection, ok: bool) -> Result<(), StatementError> {
+    let open = {
+        let mut handle = conn.lock_handle().await.map_err(|e| savepoint_failed(&e))?;
+        sqlite_raw::in_transaction(handle.as_raw_handle())
+    };
+    if !open {
+        return Err(StatementError::TransactionLost(
+            "the statement ended the host's transaction; nothing after it may run".into(),
+        ));
+    }
     let sql = if ok { RELEASE } else { UNDO };
     sqlx::raw_sql(sql)
         .execute(conn)

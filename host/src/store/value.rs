@@ -19,6 +19,20 @@ pub enum SqlValue {
     Boolean(bool),
 }
 
+impl SqlValue {
+    /// The bytes this value costs in a result: the length of text and
+    /// bytes, 8 for numbers, 1 for NULL and booleans (a rough measure of the
+    /// host memory it takes, used by the per-message result bound).
+    pub fn size(&self) -> usize {
+        match self {
+            SqlValue::Null | SqlValue::Boolean(_) => 1,
+            SqlValue::Integer(_) | SqlValue::Float(_) => 8,
+            SqlValue::Text(s) => s.len(),
+            SqlValue::Bytes(b) => b.len(),
+        }
+    }
+}
+
 /// Rows returned by a query: column names, then each row's values in column order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rows {
@@ -61,5 +75,25 @@ impl DbError {
             kind: DbErrorKind::Denied,
             message: message.into(),
         }
+    }
+}
+
+/// Why a guest statement did not complete.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StatementError {
+    /// The statement failed or was refused; its effects are undone and the
+    /// transaction goes on. The guest sees this as its `db-error`.
+    #[error("{0}")]
+    Failed(DbError),
+    /// The host's transaction is no longer usable: the statement ended it,
+    /// or its savepoint could not be restored. The guest is stopped (a trap)
+    /// and the message rolled back; one line saying what happened.
+    #[error("{0}")]
+    TransactionLost(String),
+}
+
+impl From<DbError> for StatementError {
+    fn from(e: DbError) -> Self {
+        StatementError::Failed(e)
     }
 }
