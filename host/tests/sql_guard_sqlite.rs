@@ -137,6 +137,19 @@ async fn sqlite_judges_by_its_own_grammar() {
         ("SELECT v FROM secrets", denied(NOT_GRANTED_SECRETS)),
         ("SELECT count(*) FROM secrets", denied(NOT_GRANTED_SECRETS)),
         (
+            "SELECT count(*) FROM sqlite_master",
+            denied("`sqlite_master` names a system catalog; handlers cannot read catalogs"),
+        ),
+        (
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r LIMIT 3) SELECT count(*) FROM r",
+            Ok(0),
+        ),
+        ("SELECT count(*) FROM (SELECT 1) AS sub", Ok(0)),
+        (
+            "SELECT accounts.* FROM accounts, secrets",
+            denied(NOT_GRANTED_SECRETS),
+        ),
+        (
             "SELECT * FROM (SELECT 1) JOIN secrets",
             denied(NOT_GRANTED_SECRETS),
         ),

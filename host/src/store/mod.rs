@@ -35,6 +35,7 @@ pub use value::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 use crate::sql_guard::CheckedSql;
 use anyhow::Context as _;
 use sha2::Digest as _;
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -433,10 +434,16 @@ impl Tx {
     ///
     /// # Errors
     /// `Other` when the connection cannot be locked, or on PostgreSQL.
+    ///
+    /// `authorize` gets the request and the names of the tables and views of
+    /// the `main` schema, lower-cased (SQLite names a subquery or CTE in a
+    /// `count(*)`-style read the way it names a table; see `sql_guard::sqlite`).
     pub(crate) async fn compile_judged(
         &mut self,
         sql: &str,
-        authorize: &mut (dyn FnMut(&sqlite_raw::Request<'_>) -> Result<(), String> + Send),
+        authorize: &mut (
+                 dyn FnMut(&sqlite_raw::Request<'_>, &HashSet<String>) -> Result<(), String> + Send
+             ),
         flag_opcodes: &[&str],
     ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {
         match self {
@@ -445,10 +452,15 @@ impl Tx {
                     kind: DbErrorKind::Other,
                     message: one_line(&format!("cannot reach the connection: {e}")),
                 })?;
+                let raw = handle.as_raw_handle();
+                let tables: HashSet<String> = match sqlite_raw::main_tables(raw) {
+                    Ok(names) => names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+                    Err(e) => return Ok(Err(e)),
+                };
                 Ok(sqlite_raw::compile_judged(
-                    handle.as_raw_handle(),
+                    raw,
                     sql,
-                    authorize,
+                    &mut |r: &sqlite_raw::Request<'_>| authorize(r, &tables),
                     flag_opcodes,
                 ))
             }

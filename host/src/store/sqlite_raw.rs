@@ -269,6 +269,30 @@ pub(crate) fn compile_judged(
     })
 }
 
+/// The names of the tables and views in the `main` schema (as stored), read
+/// from `sqlite_schema` with no authorizer installed.
+///
+/// # Errors
+/// SQLite's error when the schema cannot be read.
+pub(crate) fn main_tables(handle: NonNull<ffi::sqlite3>) -> Result<Vec<String>, CompileError> {
+    const SQL: &str = "SELECT name FROM main.sqlite_schema WHERE type IN ('table', 'view')";
+    let db = handle.as_ptr();
+    let (stmt, _) = prepare(db, SQL, 0)?;
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: a live statement of this connection; the text is copied at once.
+        match unsafe { ffi::sqlite3_step(stmt.0) } {
+            ffi::SQLITE_ROW => {
+                if let Some(name) = text(unsafe { ffi::sqlite3_column_text(stmt.0, 0) }.cast()) {
+                    names.push(name.to_owned());
+                }
+            }
+            ffi::SQLITE_DONE => return Ok(names),
+            _ => return Err(last_error(db)),
+        }
+    }
+}
+
 /// Whether `handle`'s connection is inside a transaction (not in autocommit
 /// mode; <https://www.sqlite.org/c3ref/get_autocommit.html>).
 pub(crate) fn in_transaction(handle: NonNull<ffi::sqlite3>) -> bool {
