@@ -441,8 +441,7 @@ impl Tx {
     pub(crate) async fn compile_judged(
         &mut self,
         sql: &str,
-        authorize: &mut (
-                 dyn FnMut(&sqlite_raw::Request<'_>, &HashSet<String>) -> Result<(), String> + Send
+        authorize: &mut sqlite_raw::SchemaPolicy<'_>, String> + Send
              ),
         flag_opcodes: &[&str],
     ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {

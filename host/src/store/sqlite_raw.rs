@@ -40,6 +40,11 @@ pub(crate) struct Request<'a> {
     pub inner: Option<&'a str>,
 }
 
+/// An authorizer policy that also gets the tables and views of `main`
+/// (lower-cased), as [`crate::store::Tx::compile_judged`] passes them.
+pub(crate) type SchemaPolicy<'a> =
+    dyn FnMut(&Request<'_>, &std::collections::HashSet<String>) -> Result<(), String> + Send + 'a;
+
 /// What compiling the text showed, when SQLite accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Compiled {
