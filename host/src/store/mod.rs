@@ -441,8 +441,7 @@ impl Tx {
     pub(crate) async fn compile_judged(
         &mut self,
         sql: &str,
-        authorize: &mut sqlite_raw::SchemaPolicy<'_>, String> + Send
-             ),
+        authorize: &mut sqlite_raw::SchemaPolicy<'_>,
         flag_opcodes: &[&str],
     ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {
         match self {
