@@ -431,3 +431,90 @@ async fn sqlite_values_are_bounded_while_the_guest_runs() {
         .await
         .unwrap();
 }
+
+/// A foreign key's check reads the parent table inside SQLite; that is the
+/// schema's rule, not the handler's read: a write to a granted child table
+/// passes without the parent granted, the constraint still holds (deferred:
+/// at COMMIT), and reading the parent in the statement itself is refused.
+#[tokio::test]
+async fn sqlite_foreign_key_checks_are_not_reads_of_the_parent() {
+    let l = lite().await;
+    let Database::Sqlite(pool) = &l.db else {
+        unreachable!()
+    };
+    for sql in [
+        "CREATE TABLE parents (id INTEGER PRIMARY KEY)",
+        "INSERT INTO parents VALUES (1)",
+        "CREATE TABLE children (id INTEGER PRIMARY KEY, parent_id INTEGER NOT NULL \
+         REFERENCES parents (id))",
+        "CREATE TABLE late_children (id INTEGER PRIMARY KEY, parent_id INTEGER NOT NULL \
+         REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+    ] {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    let g = SqlGuard::new(
+        idem::store::DbKind::Sqlite,
+        &["children".to_string(), "late_children".to_string()],
+    );
+    let mut tx = l.db.begin().await.unwrap();
+    let ok = g
+        .check(&mut tx, "INSERT INTO children VALUES (10, 1)", &[])
+        .await
+        .unwrap();
+    assert_eq!(tx.execute(&ok, &[]).await.unwrap(), 1);
+    // Enforced at once (immediate constraint), and the transaction goes on.
+    let orphan = g
+        .check(&mut tx, "INSERT INTO children VALUES (11, 999)", &[])
+        .await
+        .unwrap();
+    match tx.execute(&orphan, &[]).await {
+        Err(StatementError::Failed(e)) => {
+            assert!(e.message.contains("FOREIGN KEY"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    let moved = g
+        .check(
+            &mut tx,
+            "UPDATE children SET parent_id = 1 WHERE id = 10",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(tx.execute(&moved, &[]).await.unwrap(), 1);
+    for sql in [
+        "INSERT INTO children SELECT 12, id FROM parents",
+        "SELECT id FROM parents",
+        "DELETE FROM parents",
+    ] {
+        let e = g.check(&mut tx, sql, &[]).await.unwrap_err();
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (
+                DbErrorKind::Denied,
+                "table `parents` is not granted to this handler; grant it in [[handler]] tables"
+            ),
+            "{sql}"
+        );
+    }
+    tx.commit().await.unwrap();
+    // Deferred: the statement passes, the COMMIT fails.
+    let mut tx = l.db.begin().await.unwrap();
+    let late = g
+        .check(&mut tx, "INSERT INTO late_children VALUES (1, 999)", &[])
+        .await
+        .unwrap();
+    assert_eq!(tx.execute(&late, &[]).await.unwrap(), 1);
+    let e = tx.commit().await.unwrap_err().to_string();
+    assert!(e.contains("FOREIGN KEY"), "{e}");
+    let n: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM children), (SELECT count(*) FROM late_children)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(n, (1, 0));
+}

@@ -125,6 +125,60 @@ impl Drop for AuthorizerInstalled {
     }
 }
 
+/// Foreign-key enforcement switched off on the connection for as long as this
+/// lives, then switched back on when it had been on.
+///
+/// SQLite asks the authorizer to read a parent table's key columns when it
+/// compiles a write to a child table (`sqlite3FkCheck`, fkey.c), in the same
+/// shape as a read the statement itself makes. That check is the schema's
+/// rule, not the handler's read (PostgreSQL runs it as the table owner,
+/// whatever the role), so the judge compiles with enforcement off and sees
+/// only what the statement itself touches. `SQLITE_DBCONFIG_ENABLE_FKEY`
+/// (<https://www.sqlite.org/c3ref/c_dbconfig_defensive.html>) works inside a
+/// transaction, unlike `PRAGMA foreign_keys`; changing it expires the
+/// connection's prepared statements, which SQLite prepares again on their next
+/// step. The statement that later runs is prepared with enforcement on.
+struct ForeignKeysOff {
+    db: *mut ffi::sqlite3,
+    was_on: bool,
+}
+
+impl ForeignKeysOff {
+    fn new(db: *mut ffi::sqlite3) -> Self {
+        let mut now: c_int = 0;
+        // SAFETY: valid handle; -1 only reads the setting into `now`.
+        unsafe {
+            ffi::sqlite3_db_config(db, ffi::SQLITE_DBCONFIG_ENABLE_FKEY, -1 as c_int, &mut now)
+        };
+        let was_on = now != 0;
+        if was_on {
+            let mut after: c_int = 0;
+            // SAFETY: as above; 0 switches enforcement off.
+            unsafe {
+                ffi::sqlite3_db_config(db, ffi::SQLITE_DBCONFIG_ENABLE_FKEY, 0 as c_int, &mut after)
+            };
+        }
+        Self { db, was_on }
+    }
+}
+
+impl Drop for ForeignKeysOff {
+    fn drop(&mut self) {
+        if self.was_on {
+            let mut after: c_int = 0;
+            // SAFETY: the handle is valid for the whole of `compile_judged`.
+            unsafe {
+                ffi::sqlite3_db_config(
+                    self.db,
+                    ffi::SQLITE_DBCONFIG_ENABLE_FKEY,
+                    1 as c_int,
+                    &mut after,
+                )
+            };
+        }
+    }
+}
+
 /// Finalizes the statement when dropped.
 struct Statement(*mut ffi::sqlite3_stmt);
 
@@ -177,6 +231,8 @@ fn prepare(
 /// consulted for every action SQLite checks while compiling: the tables and
 /// columns read or written (through views and triggers too), functions,
 /// pragmas, attach, transaction and schema changes. The statement is not run.
+/// Foreign-key enforcement is off while it compiles (see [`ForeignKeysOff`]),
+/// so a parent table's key read by the constraint check is not asked about.
 /// Text after the first statement must be only whitespace, comments or `;`
 /// (sqlx would run anything else as further statements); it is compiled too,
 /// with `authorize` still installed, and never run.
@@ -196,6 +252,8 @@ pub(crate) fn compile_judged(
     flag_opcodes: &[&str],
 ) -> Result<Compiled, CompileError> {
     let db = handle.as_ptr();
+    // Declared before the statements so it is dropped after they are finalized.
+    let _foreign_keys_off = ForeignKeysOff::new(db);
     let mut ctx = Ctx {
         authorize,
         refused: None,
