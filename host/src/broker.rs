@@ -38,7 +38,7 @@ pub struct Broker {
 /// Connects to the broker. Error: one line naming the URL and what to check.
 /// The client reconnects by itself for ever after a lost connection.
 pub async fn connect(url: &str) -> anyhow::Result<Broker> {
-    let (count, connections) = watch::channel(0u64);
+    let (count, mut connections) = watch::channel(0u64);
     let client = async_nats::ConnectOptions::new()
         .name("idem")
         .retry_on_initial_connect()
@@ -66,6 +66,17 @@ pub async fn connect(url: &str) -> anyhow::Result<Broker> {
         .await
         .map_err(|_| anyhow::anyhow!("cannot reach NATS at {url} within 10s; check [broker] url and that nats-server runs"))?
         .with_context(|| format!("cannot reach NATS at {url}"))?;
+    // The client reports its first connection from another task, possibly
+    // after the pull streams have started; seen then, it would read as a
+    // reconnect and drop a pull stream with messages in it (they would wait
+    // out `ack_wait`). Wait for it here and mark it seen, so only later
+    // connections count as reconnects.
+    if tokio::time::timeout(Duration::from_secs(5), connections.wait_for(|n| *n >= 1))
+        .await
+        .is_err()
+    {
+        tracing::debug!("the client's first connected event did not arrive within 5s");
+    }
     Ok(Broker {
         js: jetstream::new(client),
         connections,
