@@ -140,3 +140,58 @@ async fn handler_role_holds_only_its_granted_tables() {
     )
     .await;
 }
+
+/// Role set-up and pruning take distinct advisory locks: a host setting up
+/// roles while another prunes waits for neither, in both orders.
+#[tokio::test]
+async fn role_setup_and_pruning_do_not_wait_for_each_other() {
+    use idem::store::advisory;
+    use std::time::Duration;
+    let keys = advisory::ALL;
+    assert!(
+        keys.iter()
+            .enumerate()
+            .all(|(i, k)| !keys[i + 1..].contains(k)),
+        "{keys:x?}"
+    );
+    let db = Database::connect(PG_URL, 4).await.unwrap();
+    db.prepare_host_tables().await.unwrap();
+    let table = format!("lock_probe_{}", std::process::id());
+    raw(
+        &db,
+        &format!("CREATE TABLE IF NOT EXISTS {table} (id BIGINT PRIMARY KEY)"),
+    )
+    .await;
+    let handler = format!("lock_probe_{}", std::process::id());
+    // A prune pass holds its lock: role set-up goes ahead.
+    let prune = db.try_prune_lock().await.unwrap().expect("no other pruner");
+    let role = tokio::time::timeout(
+        Duration::from_secs(10),
+        db.prepare_handler_role(&handler, std::slice::from_ref(&table)),
+    )
+    .await
+    .expect("role set-up waited for the prune lock")
+    .unwrap();
+    assert_eq!(
+        role.as_deref(),
+        Some(format!("idem_handler_{handler}").as_str())
+    );
+    prune.release().await.unwrap();
+    // Role set-up holds its lock (another session, mid-transaction): a
+    // prune pass gets its own.
+    let Database::Postgres(pool) = &db else {
+        unreachable!()
+    };
+    let mut setup = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(advisory::ROLE_SETUP)
+        .execute(&mut *setup)
+        .await
+        .unwrap();
+    let prune = db.try_prune_lock().await.unwrap();
+    assert!(prune.is_some(), "the prune lock is taken by role set-up");
+    prune.unwrap().release().await.unwrap();
+    setup.rollback().await.unwrap();
+    raw(&db, &format!("DROP TABLE {table}")).await;
+    raw(&db, &format!("DROP ROLE idem_handler_{handler}")).await;
+}

@@ -20,6 +20,7 @@
 //! transaction, and a later `COMMIT` would silently roll back).
 
 mod admin;
+pub mod advisory;
 mod pg_role;
 mod postgres;
 mod retention;

@@ -10,9 +10,6 @@
 
 use sqlx::{PgPool, Postgres, Transaction};
 
-/// Serialises role set-up across hosts starting at once (CREATE ROLE is not idempotent).
-const ROLE_SETUP_LOCK: i64 = 0x6964_656d_0002;
-
 /// Quotes `name` as a PostgreSQL identifier. Names in config are matched the
 /// way the guard matches them (unquoted, so case-folded to lower case).
 fn ident(name: &str) -> String {
@@ -32,7 +29,7 @@ pub(super) async fn prepare(
 ) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(ROLE_SETUP_LOCK)
+        .bind(super::advisory::ROLE_SETUP)
         .execute(&mut *tx)
         .await?;
     let exists: bool =

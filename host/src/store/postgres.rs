@@ -18,9 +18,6 @@ use sqlx::query::Query;
 use sqlx::{Column as _, Decode, Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
 use std::time::Duration;
 
-/// Key of the advisory lock held while creating host tables ("idem" + 1).
-const HOST_TABLES_LOCK: i64 = 0x6964_656d_0001;
-
 const HOST_TABLES: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -93,7 +90,7 @@ pub(super) async fn session_user(pool: &PgPool) -> Result<(String, bool), sqlx::
 pub(super) async fn prepare_host_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(HOST_TABLES_LOCK)
+        .bind(super::advisory::HOST_TABLES)
         .execute(&mut *tx)
         .await?;
     for ddl in HOST_TABLES {

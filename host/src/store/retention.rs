@@ -19,8 +19,8 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use std::time::Duration;
 
-/// Key of the PostgreSQL session advisory lock held for a prune pass ("idem" + 2).
-pub const PRUNE_LOCK_KEY: i64 = 0x6964_656d_0002;
+/// Key of the PostgreSQL session advisory lock held for a prune pass.
+pub const PRUNE_LOCK_KEY: i64 = super::advisory::PRUNE;
 
 /// Pause between two full batches, so other writers (SQLite's single write
 /// lock, PostgreSQL's receipt inserts) get their turn during a long backlog.
