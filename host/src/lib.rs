@@ -20,12 +20,20 @@ pub mod service;
 pub mod sql_guard;
 pub mod store;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`, with the NATS
-/// client's connection chatter at `warn`); colours only on a terminal.
+/// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's
+/// connection chatter at `warn`, and PostgreSQL's notices (sqlx logs a
+/// `NOTICE` such as "relation … already exists, skipping", sent on every
+/// start by `CREATE … IF NOT EXISTS`, at info under the target
+/// `sqlx::postgres::notice`) shown only from `warn`; PostgreSQL's warnings
+/// still show.
+pub const DEFAULT_LOG_FILTER: &str = "info,async_nats=warn,sqlx::postgres::notice=warn";
+
+/// Logs to stderr, filtered by `RUST_LOG` (default [`DEFAULT_LOG_FILTER`]);
+/// colours only on a terminal.
 pub fn init_tracing() {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

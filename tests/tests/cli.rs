@@ -1,5 +1,6 @@
 //! The `idem` command line: startup errors are one line and a non-zero exit;
-//! `idem publish` sends one message per line.
+//! `idem publish` sends one message per line; a restart logs no database
+//! notices at the default level.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_tests::*;
@@ -141,4 +142,46 @@ async fn publish_sends_one_message_per_line() {
         f,
     ]);
     assert_one_line(code, &err, "is there a stream capturing it");
+}
+
+/// PostgreSQL's notices for what already exists ("relation … already exists,
+/// skipping", sent by the start's `CREATE … IF NOT EXISTS`) are not logged
+/// at the default level: a second start on the same database prints none.
+#[tokio::test]
+async fn a_restart_on_postgresql_logs_no_notices() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &nats,
+        &db,
+        &[HandlerSpec::new("quiet", "credit")],
+    );
+    let drain = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
+            .args(["run", "--drain", "--config", cfg.to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let first = drain();
+    assert_eq!(first.0, 0, "{}", first.2);
+    let (code, out, err) = drain();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        "handler quiet: delivered=0 processed=0 duplicates=0 retried=0 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0"
+    );
+    assert!(
+        err.contains("handler ready"),
+        "the host logs at info: {err}"
+    );
+    assert!(!err.contains("already exists"), "{err}");
+    assert!(!err.contains("sqlx::postgres::notice"), "{err}");
 }
