@@ -1,7 +1,14 @@
 //! Reads a message's identity by the handler's [`IdentityRule`]. The identity
 //! is the `message_id` half of the receipt key, so it must be stable across
 //! redelivery; when it is missing the message is dead-lettered, never given
-//! an invented one (DESIGN.md invariant 6).
+//! an invented one.
+//!
+//! The rule (README, "How it works"): the identity is text compared byte for
+//! byte. A header's value loses the spaces and tabs around it (optional
+//! whitespace is not part of an HTTP-style field value, RFC 9110 §5.5); a
+//! JSON string is taken exactly; a JSON integer becomes its decimal digits,
+//! so `42` and `"42"` are one message (receipts written with either stay
+//! valid for the other).
 
 use crate::config::IdentityRule;
 
@@ -105,6 +112,50 @@ mod tests {
         );
         h.insert("Nats-Msg-Id", "m-7");
         assert_eq!(extract(&rule, Some(&h), b"").unwrap(), "m-7");
+    }
+
+    /// Both sides of the one rule, exactly.
+    #[test]
+    fn identity_is_text_compared_byte_for_byte() {
+        let rule = IdentityRule::JsonPointer("/event_id".into());
+        let id = |payload: &str| extract(&rule, None, payload.as_bytes());
+        // An integer is its decimal digits: the same message as the string.
+        assert_eq!(id(r#"{"event_id":42}"#), Ok("42".to_string()));
+        assert_eq!(id(r#"{"event_id":"42"}"#), Ok("42".to_string()));
+        assert_eq!(id(r#"{"event_id":-7}"#), Ok("-7".to_string()));
+        assert_eq!(
+            id(r#"{"event_id":18446744073709551615}"#),
+            Ok("18446744073709551615".to_string())
+        );
+        // A JSON string is taken exactly: spaces and case are part of it.
+        assert_eq!(id(r#"{"event_id":" e1 "}"#), Ok(" e1 ".to_string()));
+        assert_eq!(id(r#"{"event_id":"E1"}"#), Ok("E1".to_string()));
+        // Other numbers are no identity.
+        for (payload, kind) in [
+            (r#"{"event_id":42.0}"#, "a non-integer number"),
+            (r#"{"event_id":1e2}"#, "a non-integer number"),
+            (r#"{"event_id":null}"#, "null"),
+            (r#"{"event_id":true}"#, "a boolean"),
+        ] {
+            assert_eq!(
+                id(payload),
+                Err(format!(
+                    "missing identity: `/event_id` is {kind}, not a non-empty string or integer"
+                )),
+                "{payload}"
+            );
+        }
+        // A header value loses the spaces and tabs around it, not inside it.
+        let rule = IdentityRule::Header("Nats-Msg-Id".into());
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", " \tm 7\t ");
+        assert_eq!(extract(&rule, Some(&h), b""), Ok("m 7".to_string()));
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", "   ");
+        assert_eq!(
+            extract(&rule, Some(&h), b""),
+            Err("missing identity: no `Nats-Msg-Id` header".to_string())
+        );
     }
 
     #[test]
