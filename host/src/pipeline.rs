@@ -124,11 +124,11 @@ impl Pipeline {
     /// outcome was unknown had happened). An outage spends no deliveries.
     pub async fn process(&self, msg: &Message) -> Outcome {
         HandlerStats::incr(&self.stats.delivered);
-        let (stream_sequence, delivered, published_ms) = match msg.info() {
+        let (stream_sequence, delivered, published_ns) = match msg.info() {
             Ok(info) => (
                 info.stream_sequence,
                 u64::try_from(info.delivered).unwrap_or(1),
-                (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX),
             ),
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
@@ -150,7 +150,8 @@ impl Pipeline {
             msg,
             stream_sequence,
             delivered,
-            published_ms,
+            published_ms: published_ns.div_euclid(1_000_000),
+            published_ns,
             subject: msg.subject.to_string(),
             headers,
         };
@@ -393,6 +394,7 @@ impl Pipeline {
             message_id,
             stream: &self.stream,
             stream_sequence: d.stream_sequence,
+            published_ns: d.published_ns,
             subject: &d.subject,
             reason,
             headers: &d.headers,
@@ -490,6 +492,9 @@ struct Delivery<'a> {
     delivered: u64,
     /// Publish time, Unix ms (the broker's clock).
     published_ms: i64,
+    /// Publish time, Unix ns (the broker's clock): with the stream sequence
+    /// it names one stored message, even across a stream created again.
+    published_ns: i64,
     subject: String,
     headers: Vec<(String, String)>,
 }

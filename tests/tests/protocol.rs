@@ -340,3 +340,48 @@ on_both_databases!(
     identity_is_text_compared_byte_for_byte,
     identity_is_text_compared_byte_for_byte
 );
+
+/// A stream deleted and created again starts its sequences over: a dead
+/// letter at a sequence an earlier one holds is a new row, never dropped.
+async fn dead_letter_after_the_stream_is_created_again(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("behave", "behave")],
+    );
+    let js = e.nats.jetstream().await;
+    let reject = |id: &str| json!({"op": "reject", "event_id": id, "reason": id}).to_string();
+    let host = RunningHost::start(&cfg).await;
+    publish(&js, SUBJECT, &reject("p1"), &[]).await;
+    host.wait_for("behave", "p1 dead-lettered", |s| s.dead_lettered == 1)
+        .await;
+    host.stop().await;
+    js.delete_stream("ACCOUNTS").await.unwrap();
+    let host = RunningHost::start(&cfg).await;
+    publish(&js, SUBJECT, &reject("p2"), &[]).await;
+    let s = host
+        .wait_for("behave", "p2 dead-lettered", |s| s.dead_lettered == 1)
+        .await;
+    assert_eq!((s.delivered, s.dead_lettered, s.processed), (1, 1, 0));
+    host.stop().await;
+    let mut dl = e.db.dead_letters("behave").await;
+    dl.sort();
+    assert_eq!(
+        dl,
+        vec![
+            (Some("p1".to_string()), "rejected: p1".to_string()),
+            (Some("p2".to_string()), "rejected: p2".to_string()),
+        ]
+    );
+    let seqs = e
+        .db
+        .scalar("SELECT count(*) FROM idem_dead_letters WHERE consumer = 'behave' AND stream_sequence = 1")
+        .await;
+    assert_eq!(seqs, Some(2));
+}
+on_both_databases!(
+    dead_letter_after_the_stream_is_created_again,
+    dead_letter_after_the_stream_is_created_again
+);

@@ -9,8 +9,10 @@
 //!   (`INTEGER`) on SQLite, set by the database; indexed by `(consumer, processed_at)`
 //!   for pruning (module `retention`).
 //! - `idem_dead_letters(id, consumer, message_id NULL, stream, stream_sequence, subject,
-//!   reason, headers (JSON text), payload, failed_at)`, unique `(consumer, stream, stream_sequence)`
-//!   so that dead-lettering one delivery twice writes one row.
+//!   reason, headers (JSON text), payload, failed_at, published_ns)`, unique
+//!   `(consumer, stream, stream_sequence, published_ns)` so that dead-lettering
+//!   one delivery twice writes one row, and a stream created again (sequences
+//!   start over) never collides with an earlier one's rows.
 //! - `idem_migrations_<handler>`: sqlx's migration record, one table per handler.
 //!
 //! Guest statements run inside a savepoint (`idem_stmt`) of the message's
@@ -66,8 +68,15 @@ pub struct DeadLetter<'a> {
     pub message_id: Option<&'a str>,
     /// The JetStream stream the message came from.
     pub stream: &'a str,
-    /// The message's sequence in `stream`; with `consumer` and `stream` the row's unique key.
+    /// The message's sequence in `stream`.
     pub stream_sequence: u64,
+    /// When the broker stored the message (JetStream's `published` metadata),
+    /// in nanoseconds since the Unix epoch. With `consumer`, `stream` and
+    /// `stream_sequence` the row's unique key: a stream deleted and created
+    /// again starts its sequences over, so a sequence alone does not name
+    /// one message, while a second dead letter of the same delivery (its
+    /// term was lost) writes no second row.
+    pub published_ns: i64,
     /// The subject the message was published on.
     pub subject: &'a str,
     /// One line for a person: why the host gave up.
@@ -289,8 +298,9 @@ impl Database {
     }
 
     /// Writes a dead letter in its own transaction, durable when this
-    /// returns. A second call for the same `(consumer, stream, stream_sequence)`
-    /// writes nothing and succeeds. NUL in `subject` and `reason` is stored
+    /// returns. A second call for the same `(consumer, stream,
+    /// stream_sequence, published_ns)` (the same stored message) writes
+    /// nothing and succeeds. NUL in `subject` and `reason` is stored
     /// as `\0` on every database: PostgreSQL `text` cannot hold it (SQLSTATE
     /// 22021), and a reason may quote anything a guest returned.
     pub async fn dead_letter(&self, dl: &DeadLetter<'_>) -> Result<(), StoreError> {

@@ -18,7 +18,7 @@ use sqlx::query::Query;
 use sqlx::{Column as _, Decode, Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
 use std::time::Duration;
 
-const HOST_TABLES: [&str; 4] = [
+const HOST_TABLES: [&str; 7] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -43,8 +43,16 @@ const HOST_TABLES: [&str; 4] = [
         headers TEXT NOT NULL,
         payload BYTEA NOT NULL,
         failed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        UNIQUE (consumer, stream, stream_sequence)
+        published_ns BIGINT NOT NULL DEFAULT 0
     )",
+    // A table from before `published_ns`: add it (0 for the rows it holds)
+    // and replace the key without it, which a stream created again (its
+    // sequences start over) would collide with.
+    "ALTER TABLE idem_dead_letters ADD COLUMN IF NOT EXISTS published_ns BIGINT NOT NULL DEFAULT 0",
+    "CREATE UNIQUE INDEX IF NOT EXISTS idem_dead_letters_delivery
+        ON idem_dead_letters (consumer, stream, stream_sequence, published_ns)",
+    "ALTER TABLE idem_dead_letters
+        DROP CONSTRAINT IF EXISTS idem_dead_letters_consumer_stream_stream_sequence_key",
 ];
 
 /// Undoes whatever session state a connection may carry into its next use,
@@ -125,14 +133,16 @@ pub(super) async fn dead_letter(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO idem_dead_letters
-           (consumer, message_id, stream, stream_sequence, subject, reason, headers, payload)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (consumer, stream, stream_sequence) DO NOTHING",
+           (consumer, message_id, stream, stream_sequence, published_ns,
+            subject, reason, headers, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (consumer, stream, stream_sequence, published_ns) DO NOTHING",
     )
     .bind(dl.consumer)
     .bind(dl.message_id)
     .bind(dl.stream)
     .bind(seq)
+    .bind(dl.published_ns)
     .bind(dl.subject)
     .bind(dl.reason)
     .bind(headers)

@@ -14,7 +14,9 @@ use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
     SqlitePoolOptions, SqliteRow, SqliteSynchronous, SqliteValueRef,
 };
-use sqlx::{Column as _, Decode, Row as _, Sqlite, Transaction, TypeInfo as _, ValueRef as _};
+use sqlx::{
+    AssertSqlSafe, Column as _, Decode, Row as _, Sqlite, Transaction, TypeInfo as _, ValueRef as _,
+};
 use std::str::FromStr as _;
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 4] = [
+const HOST_TABLES: [&str; 5] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -57,10 +59,62 @@ const HOST_TABLES: [&str; 4] = [
         failed_at INTEGER NOT NULL DEFAULT ",
         now_ms!(),
         ",
-        UNIQUE (consumer, stream, stream_sequence)
+        published_ns INTEGER NOT NULL DEFAULT 0
     )"
     ),
+    "CREATE UNIQUE INDEX IF NOT EXISTS idem_dead_letters_delivery
+        ON idem_dead_letters (consumer, stream, stream_sequence, published_ns)",
 ];
+
+/// Where `idem_dead_letters` is created in [`HOST_TABLES`].
+const DEAD_LETTERS_DDL: usize = 3;
+
+/// Columns of `idem_dead_letters` before `published_ns`, copied as they are
+/// when [`upgrade_dead_letters`] rebuilds the table.
+const DEAD_LETTER_COLUMNS_V1: &str = "id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, failed_at";
+
+/// A dead-letter table from before `published_ns` has the key
+/// `UNIQUE (consumer, stream, stream_sequence)`, which a stream created
+/// again (its sequences start over) collides with. SQLite cannot drop a
+/// table constraint, so the table is rebuilt (the procedure of
+/// <https://www.sqlite.org/lang_altertable.html#otheralter>): a new table,
+/// every row copied with `published_ns = 0`, the old one dropped, the new one
+/// renamed, inside the caller's transaction (SQLite's DDL is
+/// transactional). A no-op on a current table or none.
+async fn upgrade_dead_letters(tx: &mut Transaction<'static, Sqlite>) -> Result<(), sqlx::Error> {
+    let current: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pragma_table_info('idem_dead_letters') WHERE name = 'published_ns'",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'idem_dead_letters'",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if current == 1 || exists == 0 {
+        return Ok(());
+    }
+    let create = HOST_TABLES[DEAD_LETTERS_DDL].replace(
+        "CREATE TABLE IF NOT EXISTS idem_dead_letters (",
+        "CREATE TABLE idem_dead_letters_v2 (",
+    );
+    for step in [
+        create,
+        format!(
+            "INSERT INTO idem_dead_letters_v2 ({DEAD_LETTER_COLUMNS_V1}, published_ns)
+             SELECT {DEAD_LETTER_COLUMNS_V1}, 0 FROM idem_dead_letters"
+        ),
+        "DROP TABLE idem_dead_letters".to_string(),
+        "ALTER TABLE idem_dead_letters_v2 RENAME TO idem_dead_letters".to_string(),
+    ] {
+        sqlx::query(AssertSqlSafe(step)).execute(&mut **tx).await?;
+    }
+    tracing::info!(
+        "idem_dead_letters upgraded: its key now includes the publish time (published_ns)"
+    );
+    Ok(())
+}
 
 pub(super) async fn connect(
     url: &str,
@@ -102,6 +156,7 @@ pub(super) async fn connect(
 
 pub(super) async fn prepare_host_tables(pool: &SqlitePool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    upgrade_dead_letters(&mut tx).await?;
     for ddl in HOST_TABLES {
         sqlx::query(ddl).execute(&mut *tx).await?;
     }
@@ -135,14 +190,16 @@ pub(super) async fn dead_letter(
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     sqlx::query(
         "INSERT INTO idem_dead_letters
-           (consumer, message_id, stream, stream_sequence, subject, reason, headers, payload)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (consumer, stream, stream_sequence) DO NOTHING",
+           (consumer, message_id, stream, stream_sequence, published_ns,
+            subject, reason, headers, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (consumer, stream, stream_sequence, published_ns) DO NOTHING",
     )
     .bind(dl.consumer)
     .bind(dl.message_id)
     .bind(dl.stream)
     .bind(seq)
+    .bind(dl.published_ns)
     .bind(dl.subject)
     .bind(dl.reason)
     .bind(headers)
