@@ -13,6 +13,7 @@
 //!   consumers are created without one and the pipeline dead-letters on the
 //!   handler's last allowed delivery itself.
 
+use crate::broker_config;
 use crate::config::HandlerConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
@@ -83,24 +84,41 @@ pub async fn connect(url: &str) -> anyhow::Result<Broker> {
     })
 }
 
-/// Makes sure the handler's stream exists (creating it with the handler's
-/// subjects and `max_age = retention` if not, so the broker never presents a
-/// message older than the receipts that recognise it) and returns its
-/// durable pull consumer, created if missing.
-/// The consumer name is the handler name; it filters on the handler's
-/// subjects, acks explicitly, and has no broker-side `max_deliver` (idem
-/// enforces the handler's own); an existing consumer with other settings is
-/// updated.
+/// Makes sure the handler's stream exists and captures the handler's
+/// subjects, and returns its durable pull consumer, created if missing and
+/// brought in line with the config when it differs.
+///
+/// - A missing stream is created with the handler's subjects, `max_age =
+///   retention` (so the broker never presents a message older than the
+///   receipts that recognise it), and idem's owner mark in its metadata
+///   ([`broker_config::OWNER_KEY`]).
+/// - A handler subject the stream does not capture is added to the stream
+///   when idem owns it; on any other stream the start stops (messages on it
+///   would never be stored).
+/// - The consumer is named after the handler; it filters on the handler's
+///   subjects, acks explicitly, and has no broker-side `max_deliver` (idem
+///   enforces the handler's own). Every one of these settings is compared
+///   ([`broker_config::consumer_drift`]) and a differing consumer updated.
+///
+/// # Errors
+/// One line naming the handler and what to do: the stream or consumer cannot
+/// be read or created, a subject is not captured by a stream idem does not
+/// own, or a differing consumer cannot be updated.
 pub async fn ensure_consumer(
     js: &jetstream::Context,
     handler: &HandlerConfig,
     max_ack_pending: i64,
 ) -> anyhow::Result<jetstream::consumer::Consumer<pull::Config>> {
-    let stream = js
+    let mut stream = js
         .get_or_create_stream(stream::Config {
             name: handler.stream.clone(),
             subjects: handler.subjects.clone(),
             max_age: handler.retention,
+            metadata: [(
+                broker_config::OWNER_KEY.to_string(),
+                broker_config::OWNER_VALUE.to_string(),
+            )]
+            .into(),
             ..Default::default()
         })
         .await
@@ -110,15 +128,51 @@ pub async fn ensure_consumer(
                 handler.name, handler.stream
             )
         })?;
-    let filter_subjects = if handler.subjects.len() == 1 {
-        Vec::new()
-    } else {
-        handler.subjects.clone()
+    let stream_config = stream.cached_info().config.clone();
+    let missing = broker_config::uncaptured(&stream_config.subjects, &handler.subjects);
+    if !missing.is_empty() {
+        let owned = stream_config
+            .metadata
+            .get(broker_config::OWNER_KEY)
+            .map(String::as_str)
+            == Some(broker_config::OWNER_VALUE);
+        if !owned {
+            anyhow::bail!(
+                "handler `{}`: stream `{}` captures {:?}, not {:?}, and idem did not create it; add the subjects to the stream (nats stream edit {} --subjects ...) or change the handler's subjects",
+                handler.name,
+                handler.stream,
+                stream_config.subjects,
+                missing,
+                handler.stream
+            );
+        }
+        let mut config = stream_config.clone();
+        config
+            .subjects
+            .extend(missing.iter().map(|s| (*s).to_string()));
+        js.update_stream(config).await.with_context(|| {
+            format!(
+                "handler `{}`: cannot add {:?} to stream `{}`; check that no other stream captures them",
+                handler.name, missing, handler.stream
+            )
+        })?;
+        tracing::info!(handler = %handler.name, stream = %handler.stream, added = ?missing, "stream subjects added from the config");
+        stream = js.get_stream(&handler.stream).await.with_context(|| {
+            format!(
+                "handler `{}`: cannot read stream `{}`",
+                handler.name, handler.stream
+            )
+        })?;
+    }
+    let want = broker_config::WantedConsumer {
+        ack_wait: handler.ack_wait,
+        max_ack_pending,
+        subjects: handler.subjects.clone(),
     };
-    let filter_subject = if handler.subjects.len() == 1 {
-        handler.subjects[0].clone()
+    let (filter_subject, filter_subjects) = if handler.subjects.len() == 1 {
+        (handler.subjects[0].clone(), Vec::new())
     } else {
-        String::new()
+        (String::new(), handler.subjects.clone())
     };
     let config = pull::Config {
         durable_name: Some(handler.name.clone()),
@@ -144,21 +198,23 @@ pub async fn ensure_consumer(
                 handler.name, handler.stream
             )
         })?;
-    let found = &consumer.cached_info().config;
-    if found.max_deliver == -1 && found.ack_wait == handler.ack_wait {
+    let drift = broker_config::consumer_drift(&consumer.cached_info().config, &want);
+    if drift.is_empty() {
         return Ok(consumer);
     }
     // A consumer made earlier (or by hand) with other settings: bring it in line.
-    match stream.update_consumer(config).await {
-        Ok(updated) => {
-            tracing::info!(handler = %handler.name, "durable consumer updated: ack_wait from the config, no broker-side max_deliver");
-            Ok(updated)
-        }
-        Err(e) => {
-            tracing::warn!(handler = %handler.name, error = %e, max_deliver = found.max_deliver, "cannot update the durable consumer's settings; with a broker-side max_deliver JetStream may drop a message idem could not dead-letter. Delete the consumer (nats consumer rm) to let idem create it");
-            Ok(consumer)
-        }
-    }
+    let updated = stream.update_consumer(config).await.with_context(|| {
+        format!(
+            "handler `{}`: durable consumer `{}` differs from the config in {} and cannot be updated; delete it (nats consumer rm {} {}) to let idem create it",
+            handler.name,
+            handler.name,
+            drift.join(", "),
+            handler.stream,
+            handler.name
+        )
+    })?;
+    tracing::info!(handler = %handler.name, changed = ?drift, "durable consumer updated to match the config");
+    Ok(updated)
 }
 
 /// The stream's `max_age`: how long it keeps a message. `None`: for ever
@@ -179,24 +235,46 @@ pub async fn stream_max_age(
     Ok((!max_age.is_zero()).then_some(max_age))
 }
 
+/// How long a durable consumer that is gone from the broker may stay
+/// impossible to create again, while the broker connection is up, before
+/// [`Deliveries::next`] gives up with [`ConsumerLost`].
+pub const CONSUMER_LOST_GRACE: Duration = Duration::from_secs(60);
+
+/// The handler's durable consumer (or its stream) is gone from the broker and
+/// could not be created again for [`CONSUMER_LOST_GRACE`] while the broker
+/// answered: one line saying why, for the operator; the host exits non-zero
+/// so a supervisor restarts it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ConsumerLost(pub String);
+
 /// An endless source of deliveries for one consumer. Errors from the
-/// underlying pull stream are logged and survived; only shutdown ends it.
+/// underlying pull stream are logged and survived; a consumer or stream
+/// deleted on the broker is created again ([`ensure_consumer`]); only
+/// shutdown, or a consumer that cannot be created again, ends it.
 pub struct Deliveries {
     consumer: jetstream::consumer::Consumer<pull::Config>,
     connections: watch::Receiver<u64>,
     batch: usize,
     stream: Option<pull::Stream>,
-    handler: String,
+    js: jetstream::Context,
+    handler: HandlerConfig,
+    max_ack_pending: i64,
+    /// Since when the consumer could not be created again (broker connected).
+    lost_since: Option<tokio::time::Instant>,
 }
 
 impl Deliveries {
     /// `batch`: messages requested per pull; keep it small enough that a full
-    /// batch is processed well within `ack_wait`.
+    /// batch is processed well within `ack_wait`. `handler` and
+    /// `max_ack_pending` are what [`ensure_consumer`] made `consumer` from,
+    /// to make it again if it is deleted.
     pub fn new(
         broker: &Broker,
         consumer: jetstream::consumer::Consumer<pull::Config>,
         batch: usize,
-        handler: &str,
+        handler: &HandlerConfig,
+        max_ack_pending: i64,
     ) -> Self {
         let mut connections = broker.connections.clone();
         connections.mark_unchanged();
@@ -205,7 +283,10 @@ impl Deliveries {
             connections,
             batch: batch.max(1),
             stream: None,
-            handler: handler.to_string(),
+            js: broker.js.clone(),
+            handler: handler.clone(),
+            max_ack_pending,
+            lost_since: None,
         }
     }
 
@@ -215,13 +296,53 @@ impl Deliveries {
     /// `ack_wait`. The next [`Deliveries::next`] pulls again.
     pub fn pause(&mut self) {
         if self.stream.take().is_some() {
-            tracing::info!(handler = %self.handler, "fetching paused");
+            tracing::info!(handler = %self.handler.name, "fetching paused");
         }
     }
 
-    /// The next message. Never returns on a broker error: it logs, waits with
-    /// backoff and pulls again.
-    pub async fn next(&mut self) -> jetstream::Message {
+    /// Makes sure the consumer (and its stream) still exist, creating them
+    /// again when they were deleted on the broker. A failure while the
+    /// broker connection is down is an outage (the client reconnects); one
+    /// while it is up is logged once, and after [`CONSUMER_LOST_GRACE`] is
+    /// [`ConsumerLost`].
+    async fn restore(&mut self) -> Result<(), ConsumerLost> {
+        match ensure_consumer(&self.js, &self.handler, self.max_ack_pending).await {
+            Ok(consumer) => {
+                if consumer.cached_info().created != self.consumer.cached_info().created {
+                    tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, "the durable consumer was gone from the broker (deleted?) and is created again; messages still in the stream are delivered again, and receipts skip what was applied");
+                    self.stream = None;
+                }
+                if self.lost_since.take().is_some() {
+                    tracing::info!(handler = %self.handler.name, "durable consumer back");
+                }
+                self.consumer = consumer;
+                Ok(())
+            }
+            Err(e) => {
+                let connected =
+                    self.js.client().connection_state() == async_nats::connection::State::Connected;
+                if !connected {
+                    return Ok(());
+                }
+                let since = *self.lost_since.get_or_insert_with(|| {
+                    tracing::error!(handler = %self.handler.name, error = %format!("{e:#}"), "the durable consumer is gone and cannot be created again; trying for {}s, then exiting", CONSUMER_LOST_GRACE.as_secs());
+                    tokio::time::Instant::now()
+                });
+                if since.elapsed() >= CONSUMER_LOST_GRACE {
+                    return Err(ConsumerLost(format!("{e:#}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The next message. A broker error is logged, and the pull starts again
+    /// after a backoff (the consumer created again first if it is gone).
+    ///
+    /// # Errors
+    /// [`ConsumerLost`]: the consumer is gone and could not be created again
+    /// for [`CONSUMER_LOST_GRACE`] while the broker was connected.
+    pub async fn next(&mut self) -> Result<jetstream::Message, ConsumerLost> {
         let mut backoff = Duration::from_millis(100);
         loop {
             if self.stream.is_none() {
@@ -236,9 +357,10 @@ impl Deliveries {
                 {
                     Ok(s) => self.stream = Some(s),
                     Err(e) => {
-                        tracing::warn!(handler = %self.handler, error = %e, "cannot start pulling; retrying in {backoff:?}");
+                        tracing::warn!(handler = %self.handler.name, error = %e, "cannot start pulling; retrying in {backoff:?}");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(5));
+                        self.restore().await?;
                         continue;
                     }
                 }
@@ -250,16 +372,19 @@ impl Deliveries {
                 item = stream.next() => item,
                 _ = self.connections.changed() => {
                     // Reconnected: the server forgot the open pull request.
-                    tracing::info!(handler = %self.handler, "reconnected to NATS; pulling again");
+                    tracing::info!(handler = %self.handler.name, "reconnected to NATS; pulling again");
                     self.stream = None;
                     continue;
                 }
             };
             match item {
-                Some(Ok(msg)) => return msg,
+                Some(Ok(msg)) => {
+                    self.lost_since = None;
+                    return Ok(msg);
+                }
                 Some(Err(e)) => {
                     use pull::MessagesErrorKind as K;
-                    tracing::warn!(handler = %self.handler, error = %e, "consumer stream error; still pulling");
+                    tracing::warn!(handler = %self.handler.name, error = %e, "consumer stream error; still pulling");
                     // A missed heartbeat also means no pull request is open on
                     // the server: async-nats 0.51 can miscount its pending
                     // messages (a reply arriving before its request's result)
@@ -267,6 +392,7 @@ impl Deliveries {
                     if matches!(
                         e.kind(),
                         K::ConsumerDeleted
+                            | K::NoResponders
                             | K::RequestLimitExceeded
                             | K::PushBasedConsumer
                             | K::MissingHeartbeat
@@ -275,11 +401,20 @@ impl Deliveries {
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
+                    // A deleted consumer or stream shows as any of these
+                    // (consumer deleted, no responders, missed heartbeats).
+                    if matches!(
+                        e.kind(),
+                        K::ConsumerDeleted | K::NoResponders | K::MissingHeartbeat | K::Other
+                    ) {
+                        self.restore().await?;
+                    }
                 }
                 None => {
-                    tracing::warn!(handler = %self.handler, "consumer stream ended; pulling again");
+                    tracing::warn!(handler = %self.handler.name, "consumer stream ended; pulling again");
                     self.stream = None;
                     tokio::time::sleep(backoff).await;
+                    self.restore().await?;
                 }
             }
         }

@@ -260,10 +260,14 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
     } else {
         RunMode::Forever
     };
+    let failure = host.failure();
     for (name, s) in host.run(mode, rx).await {
         println!("handler {name}: {s}");
     }
-    Ok(())
+    match failure.get() {
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(()),
+    }
 }
 
 async fn shutdown_signal() {

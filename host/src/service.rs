@@ -25,7 +25,13 @@ pub struct Host {
     /// Turned true when [`Host::run`] stops: ends the consumers and any wait
     /// for the database.
     stop: watch::Sender<bool>,
+    /// Why the host stopped by itself (a handler's consumer lost for good),
+    /// set at most once; see [`Host::failure`].
+    failure: Arc<std::sync::OnceLock<String>>,
 }
+
+/// The consumers' `max_ack_pending` on the broker.
+const MAX_ACK_PENDING: i64 = 1000;
 
 /// Receipts deleted per statement by the pruning task.
 pub const PRUNE_BATCH: u32 = 1000;
@@ -112,7 +118,7 @@ impl Host {
         let js = &nats.js;
         let mut handlers = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
-            let consumer = broker::ensure_consumer(js, h, 1000).await?;
+            let consumer = broker::ensure_consumer(js, h, MAX_ACK_PENDING).await?;
             check_horizon(js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
             if h.effective_pull_batch() != h.pull_batch {
@@ -136,7 +142,17 @@ impl Host {
             health,
             nats,
             stop,
+            failure: Arc::default(),
         })
+    }
+
+    /// Where [`Host::run`] leaves the reason when it stopped by itself rather
+    /// than on the shutdown signal: a handler's durable consumer was gone
+    /// from the broker and could not be created again
+    /// ([`broker::ConsumerLost`]). Take it before `run`; empty after a
+    /// normal stop. The command line exits non-zero with it.
+    pub fn failure(&self) -> Arc<std::sync::OnceLock<String>> {
+        self.failure.clone()
     }
 
     /// Each handler's counters, by handler name.
@@ -160,10 +176,15 @@ impl Host {
                     &self.nats,
                     h.consumer.clone(),
                     h.pipeline.pull_batch,
-                    &h.pipeline.name,
+                    &h.pipeline.config,
+                    MAX_ACK_PENDING,
                 ),
                 self.health.clone(),
                 stop_rx.clone(),
+                Lost {
+                    stop: stop_tx.clone(),
+                    failure: self.failure.clone(),
+                },
             )));
         }
         let stats = self.stats();
@@ -193,15 +214,20 @@ impl Host {
                 }
             })
         };
+        let mut stopped = stop_tx.subscribe();
         match mode {
             RunMode::Forever => {
-                let _ = shutdown.wait_for(|s| *s).await;
+                tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => {}
+                    _ = stopped.wait_for(|s| *s) => {}
+                }
             }
             RunMode::Drain => {
                 let mut consumers: Vec<_> =
                     self.handlers.iter().map(|h| h.consumer.clone()).collect();
                 tokio::select! {
                     _ = shutdown.wait_for(|s| *s) => {}
+                    _ = stopped.wait_for(|s| *s) => {}
                     _ = wait_drained(&mut consumers) => {}
                 }
             }
@@ -227,6 +253,7 @@ async fn consume(
     mut deliveries: Deliveries,
     health: Arc<DbHealth>,
     mut stop: watch::Receiver<bool>,
+    lost: Lost,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(pipeline.concurrency.max(1)));
     let mut in_flight = tokio::task::JoinSet::new();
@@ -248,6 +275,15 @@ async fn consume(
             _ = stop.wait_for(|s| *s) => break,
             m = deliveries.next() => m,
         };
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::error!(handler = %pipeline.name, error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
+                let _ = lost.failure.set(e.0);
+                let _ = lost.stop.send(true);
+                break;
+            }
+        };
         let p = pipeline.clone();
         in_flight.spawn(async move {
             p.process(&msg).await;
@@ -260,6 +296,13 @@ async fn consume(
         }
     }
     while in_flight.join_next().await.is_some() {}
+}
+
+/// How a handler's consuming loop stops the whole host when its consumer is
+/// lost for good ([`broker::ConsumerLost`]).
+struct Lost {
+    stop: watch::Sender<bool>,
+    failure: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Refuses a stream that can present a message older than the handler's
