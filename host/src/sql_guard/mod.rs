@@ -162,7 +162,13 @@ impl SqlGuard {
         let verdict = match precheck(sql) {
             Err(e) => Err(e),
             Ok(()) => match self.kind {
-                DbKind::Postgres => judge_postgres(text.clone(), self.granted.clone()).await,
+                DbKind::Postgres => {
+                    match judge_postgres(text.clone(), self.granted.clone()).await {
+                        Ok(judged) if judged.fields.is_empty() => Ok(judged.params),
+                        Ok(judged) => self.no_row_functions(tx, &judged).await,
+                        Err(e) => Err(e),
+                    }
+                }
                 DbKind::Sqlite => sqlite::judge(tx, &text, &self.granted).await,
             }
             .map(|params| CheckedSql {
@@ -176,6 +182,27 @@ impl SqlGuard {
             self.remember(text, verdict.clone());
         }
         verdict
+    }
+
+    /// Refuses a statement that selects a field PostgreSQL would resolve as
+    /// a function call on the row (`a.f` as `f(a)`), outside the allowed
+    /// functions; asks the catalogs in `tx`. Judged once per text (the
+    /// verdict is cached): a function created while the host runs is seen by
+    /// statements judged after it.
+    async fn no_row_functions(
+        &self,
+        tx: &mut Tx,
+        judged: &postgres::Judged,
+    ) -> Result<usize, DbError> {
+        let tables: Vec<String> = self.granted.iter().cloned().collect();
+        let calls = tx.row_functions(&judged.fields, &tables).await?;
+        match calls.first() {
+            None => Ok(judged.params),
+            Some(f) => Err(DbError::denied(format!(
+                "`.{f}` is no column of a granted table, so PostgreSQL would call function `{f}` on the row (attribute notation); handlers call only the allowed functions ({}); if `{f}` is a column of a subquery or CTE, name it otherwise",
+                ALLOWED_FUNCTIONS.join(", ")
+            ))),
+        }
     }
 
     /// How many verdicts the cache holds now (for tests and benchmarks).
@@ -210,7 +237,10 @@ impl SqlGuard {
 /// that recurses with the statement's nesting, and a guest's host call runs
 /// on a small fiber stack; a thread of its own keeps a deep statement from
 /// ever reaching that stack's end, and the parse off the async workers.
-async fn judge_postgres(text: Arc<str>, granted: Arc<HashSet<String>>) -> Result<usize, DbError> {
+async fn judge_postgres(
+    text: Arc<str>,
+    granted: Arc<HashSet<String>>,
+) -> Result<postgres::Judged, DbError> {
     tokio::task::spawn_blocking(move || postgres::judge(&text, &granted))
         .await
         .unwrap_or_else(|_| {

@@ -21,14 +21,17 @@
 //! to a function of exactly one argument of `a`'s row type, `record`,
 //! `anyelement` or `"any"`; built in, those are value functions (`to_json`,
 //! `pg_typeof`), and `a.pg_read_file` fails ("column a.pg_read_file does not
-//! exist": a row does not coerce to `text`). Without the catalog a column
-//! cannot be told from such a function, so attribute notation is allowed.
+//! exist": a row does not coerce to `text`). But an application's function
+//! on a table's row type (possibly `SECURITY DEFINER`) would run that way.
+//! Without the catalog a column cannot be told from such a function, so the
+//! judge returns every such field name ([`Judged::fields`]) and the guard
+//! asks the catalog (see `SqlGuard::check`).
 
 use super::ALLOWED_FUNCTIONS;
 use crate::store::{DbError, DbErrorKind};
 use pg_query::protobuf::{AExprKind, Token};
 use serde_json::{Map, Value};
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 type Obj = Map<String, Value>;
 type Verdict = Result<(), DbError>;
@@ -52,8 +55,8 @@ const MAX_DEPTH: usize = 256;
 #[rustfmt::skip]
 const PLAIN_NODES: &[&str] = &[
     // Expressions: subscripts and `(row).field`, `ARRAY[...]`, `ROW(...)`, `GREATEST`/`LEAST`.
-    "AArrayExpr", "AIndices", "AIndirection", "AStar", "BoolExpr", "BooleanTest", "CaseExpr",
-    "CaseWhen", "CoalesceExpr", "ColumnRef", "MinMaxExpr", "NullTest", "RowExpr",
+    "AArrayExpr", "AIndices", "AStar", "BoolExpr", "BooleanTest", "CaseExpr",
+    "CaseWhen", "CoalesceExpr", "MinMaxExpr", "NullTest", "RowExpr",
     // Values in lists: `VALUES` rows, name parts, array bounds.
     "Boolean", "Float", "Integer", "List", "String",
     // Query structure (a `RangeSubselect`'s query, also `LATERAL`, is a `SelectStmt`).
@@ -119,7 +122,7 @@ const CLOCK_WORDS: &[&str] = &["now", "today", "tomorrow", "yesterday"];
 /// [`DbErrorKind::Syntax`] when PostgreSQL's grammar rejects the text (message
 /// `statement does not parse: ...`); [`DbErrorKind::Denied`] with one line
 /// saying what is refused and what to do instead for everything else.
-pub(crate) fn judge(sql: &str, granted: &HashSet<String>) -> Result<usize, DbError> {
+pub(crate) fn judge(sql: &str, granted: &HashSet<String>) -> Result<Judged, DbError> {
     let parsed = pg_query::parse(sql, pg_query::ParserOptions::DEFAULT).map_err(parse_error)?;
     let stmt = match parsed.protobuf.stmts.as_slice() {
         [] => return Err(denied("empty statement; send exactly one")),
@@ -142,9 +145,26 @@ pub(crate) fn judge(sql: &str, granted: &HashSet<String>) -> Result<usize, DbErr
         ctes: Vec::new(),
         max_param: 0,
         depth: 0,
+        fields: BTreeSet::new(),
     };
     judge.enter(tag, body)?;
-    Ok(judge.max_param)
+    Ok(Judged {
+        params: judge.max_param,
+        fields: judge.fields.into_iter().collect(),
+    })
+}
+
+/// What [`judge`] found in a statement it allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Judged {
+    /// The highest placeholder number (`$n`), 0 without placeholders.
+    pub params: usize,
+    /// Field names selected from a row (`a.f`, `s.t.f`, `(expr).f`), as
+    /// PostgreSQL resolves identifiers (unquoted ones folded to lower case),
+    /// sorted, without duplicates and without [`ALLOWED_FUNCTIONS`]: each is a
+    /// column, or else a call `f(row)` (attribute notation) that the catalog
+    /// must rule out.
+    pub fields: Vec<String>,
 }
 
 /// Walks one statement's tree, carrying the CTE names in scope.
@@ -156,6 +176,8 @@ struct Judge<'g> {
     ctes: Vec<String>,
     max_param: usize,
     depth: usize,
+    /// See [`Judged::fields`].
+    fields: BTreeSet<String>,
 }
 
 impl Judge<'_> {
@@ -216,10 +238,36 @@ impl Judge<'_> {
                 operator_name(n.get("use_op"))?;
                 self.fields(n, &["use_op"])
             }
+            "ColumnRef" => {
+                // `a.f`, `s.a.f`: the last name may be a function of `a`.
+                let parts = list(n, "fields");
+                if parts.len() >= 2 {
+                    self.field(parts.last());
+                }
+                self.fields(n, &[])
+            }
+            "AIndirection" => {
+                // `(expr).f`: each `.f` may be a function of what precedes it.
+                for part in list(n, "indirection") {
+                    self.field(Some(part));
+                }
+                self.fields(n, &[])
+            }
             "LockingClause" => self.locking(n),
             "CollateClause" => self.collate(n),
             t if PLAIN_NODES.contains(&t) => self.fields(n, &[]),
             other => Err(node_refused(other)),
+        }
+    }
+
+    /// Notes a selected field name (a `String` node; `*` and subscripts are
+    /// not names) unless it is an allowed function, which may be called.
+    fn field(&mut self, part: Option<&Value>) {
+        if let Some(("String", s)) = part.and_then(node_of)
+            && let Some(name) = text(s, "sval")
+            && !ALLOWED_FUNCTIONS.contains(&name)
+        {
+            self.fields.insert(name.to_owned());
         }
     }
 

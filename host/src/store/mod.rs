@@ -480,6 +480,34 @@ impl Tx {
         }
     }
 
+    /// PostgreSQL only: which of `names` (field names a statement selects
+    /// from a row, `a.f`) PostgreSQL would resolve as a call `f(a)`
+    /// (attribute notation, "Functions as Columns" in the PostgreSQL manual):
+    /// a function named so that takes one argument exists, and no table of
+    /// `tables` has a column named so. Read from the catalogs in this
+    /// transaction, sorted.
+    ///
+    /// # Errors
+    /// `Other` when the catalogs cannot be read, or on SQLite.
+    pub(crate) async fn row_functions(
+        &mut self,
+        names: &[String],
+        tables: &[String],
+    ) -> Result<Vec<String>, DbError> {
+        match self {
+            Tx::Postgres(tx) => postgres::row_functions(tx, names, tables)
+                .await
+                .map_err(|e| DbError {
+                    kind: DbErrorKind::Other,
+                    message: one_line(&format!("cannot read the catalogs: {e}")),
+                }),
+            Tx::Sqlite(_) => Err(DbError {
+                kind: DbErrorKind::Other,
+                message: "attribute notation is PostgreSQL's".into(),
+            }),
+        }
+    }
+
     /// Bounds what the guest's statements may create or read in this
     /// transaction: on SQLite no string, BLOB or row may exceed `max_value_bytes`
     /// (`SQLITE_LIMIT_LENGTH`, restored when the connection returns to the
@@ -572,17 +600,31 @@ impl ResultBounds {
         }
         *used = used.saturating_add(row.iter().map(SqlValue::size).sum());
         if *used > self.max_bytes {
-            return Err(DbError {
-                kind: DbErrorKind::Other,
-                message: format!(
-                    "query results passed the {} KiB this message may read (max_result_kib); \
-                     select fewer columns or rows",
-                    self.max_bytes / 1024
-                ),
-            });
+            return Err(self.too_many_bytes());
         }
         out.rows.push(row);
         Ok(())
+    }
+
+    /// Fails before a row of `raw` bytes (as the database sent it) is even
+    /// decoded when it alone would pass the byte bound after `used`: decoding
+    /// would copy it.
+    fn admit_raw(&self, raw: usize, used: usize) -> Result<(), DbError> {
+        if used.saturating_add(raw) > self.max_bytes {
+            return Err(self.too_many_bytes());
+        }
+        Ok(())
+    }
+
+    fn too_many_bytes(&self) -> DbError {
+        DbError {
+            kind: DbErrorKind::Other,
+            message: format!(
+                "query results passed the {} KiB this message may read (max_result_kib); \
+                 select fewer columns or rows",
+                self.max_bytes / 1024
+            ),
+        }
     }
 }
 

@@ -107,6 +107,32 @@ pub(super) async fn prepare_host_tables(pool: &PgPool) -> Result<(), sqlx::Error
     tx.commit().await
 }
 
+/// See [`super::Tx::row_functions`]. A function with defaults counts when
+/// one argument is enough to call it. Only catalogs PUBLIC may read, so it
+/// works as a handler role too.
+pub(super) async fn row_functions(
+    tx: &mut Transaction<'static, Postgres>,
+    names: &[String],
+    tables: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT f FROM unnest($1::text[]) AS f
+         WHERE EXISTS (
+             SELECT 1 FROM pg_catalog.pg_proc p
+             WHERE p.proname = f AND p.pronargs >= 1 AND p.pronargs - p.pronargdefaults <= 1)
+           AND NOT EXISTS (
+             SELECT 1 FROM pg_catalog.pg_attribute a
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+             WHERE c.relname = ANY($2::text[]) AND pg_catalog.pg_table_is_visible(c.oid)
+               AND a.attname = f AND a.attnum > 0 AND NOT a.attisdropped)
+         ORDER BY f",
+    )
+    .bind(names)
+    .bind(tables)
+    .fetch_all(&mut **tx)
+    .await
+}
+
 pub(super) async fn insert_receipt(
     tx: &mut Transaction<'static, Postgres>,
     r: &Receipt<'_>,
@@ -225,6 +251,7 @@ pub(super) async fn query(
         .execute(&mut *conn)
         .await
         .map_err(|e| savepoint_failed(&e))?;
+    let mut largest_row = 0;
     let result = async {
         let mut stream = bind(sqlx::query(sql.to_sqlx()), params).fetch(&mut *conn);
         let mut out = Rows::default();
@@ -233,14 +260,26 @@ pub(super) async fn query(
             if out.rows.is_empty() {
                 out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
             }
+            let raw = raw_size(&row);
+            largest_row = largest_row.max(raw);
+            bounds.admit_raw(raw, used)?;
             bounds.push(&mut out, decode_row(&row)?, &mut used)?;
         }
         Ok::<_, DbError>(out)
     }
     .await;
     finish(conn, result.is_ok()).await?;
+    if largest_row > SHRINK_AFTER_ROW_BYTES {
+        // The connection's read buffer grew to hold the row and would keep
+        // that capacity while pooled.
+        sqlx::Connection::shrink_buffers(conn);
+    }
     Ok(result?)
 }
+
+/// A row larger than this (as sent) leaves the connection's read buffer
+/// that large; it is given back after the statement.
+const SHRINK_AFTER_ROW_BYTES: usize = 1 << 20;
 
 /// Releases the statement's savepoint, or rolls back to it after an error.
 /// This is also the check that the statement left the host's transaction
@@ -252,6 +291,14 @@ async fn finish(conn: &mut PgConnection, ok: bool) -> Result<(), StatementError>
         .await
         .map(|_| ())
         .map_err(|e| savepoint_failed(&e))
+}
+
+/// The bytes of a row's values as PostgreSQL sent them (NULL: none).
+fn raw_size(row: &PgRow) -> usize {
+    (0..row.len())
+        .filter_map(|i| row.try_get_raw(i).ok())
+        .filter_map(|raw| raw.as_bytes().ok().map(<[u8]>::len))
+        .sum()
 }
 
 fn decode_row(row: &PgRow) -> Result<Vec<SqlValue>, DbError> {
