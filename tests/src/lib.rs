@@ -661,35 +661,69 @@ impl Case {
         }
     }
 
-    /// Refused as not SELECT / INSERT / UPDATE / DELETE; `word` is the
-    /// statement's first word as the guard re-prints it.
+    /// Refused by the host's judge: `rejected: denied: {message}`.
+    pub fn denied(op: &'static str, sql: impl Into<String>, message: &str) -> Self {
+        Self::exact(op, sql, format!("rejected: denied: {message}"))
+    }
+
+    /// Refused as not SELECT / INSERT / UPDATE / DELETE; `word` names the
+    /// statement as the judge does: on PostgreSQL its first keyword
+    /// (`ABORT`, `START`, `PREPARE`), on SQLite the action SQLite's
+    /// authorizer reports (`END` is a `COMMIT`, `ROLLBACK TO` a savepoint).
     pub fn not_dml(op: &'static str, sql: &str, word: &str) -> Self {
-        Self::exact(
+        Self::denied(
             op,
             sql,
-            format!(
-                "rejected: denied: {word} statements are not allowed; a handler runs only \
+            &format!(
+                "{word} statements are not allowed; a handler runs only \
                  SELECT, INSERT, UPDATE or DELETE in the host's transaction"
             ),
         )
     }
 
-    /// A query refused for calling function `name` (as written).
+    /// A query refused for calling function `name` as the judge names it:
+    /// PostgreSQL's parser folds unquoted names to lower case (`PG_SLEEP` is
+    /// `pg_sleep`, `"pg_sleep"` too) and keeps a schema
+    /// (`pg_catalog.pg_sleep`); SQLite's authorizer names a function it
+    /// knows as written. The reason lists the allowed functions.
     pub fn function(sql: &str, name: &str) -> Self {
-        Self::prefix(
+        Self::denied(
             "query",
             sql,
-            format!("rejected: denied: function `{name}` is not allowed in handler SQL"),
+            &format!(
+                "function `{name}` is not allowed in handler SQL (allowed: {})",
+                idem::sql_guard::ALLOWED_FUNCTIONS.join(", ")
+            ),
         )
     }
 
-    /// Refused because it does not parse.
-    pub fn syntax(op: &'static str, sql: &str) -> Self {
-        Self::prefix(
-            op,
-            sql,
-            "rejected: syntax: statement does not parse: sql parser error: ",
-        )
+    /// Refused by the database's own grammar before anything ran, with its
+    /// own `message`: on PostgreSQL libpg_query's (`syntax error at or near
+    /// "X"`), on SQLite its compiler's (`near "X": syntax error`, `no such
+    /// table: t`, `no such function: f`), which ends with SQLite's code 1.
+    pub fn syntax(backend: Backend, op: &'static str, sql: &str, message: &str) -> Self {
+        let reason = match backend {
+            Backend::Postgres => {
+                format!("rejected: syntax: statement does not parse: {message}")
+            }
+            Backend::Sqlite => {
+                format!("rejected: syntax: statement does not compile: {message} (SQLite code 1)")
+            }
+        };
+        Self::exact(op, sql, reason)
+    }
+
+    /// Refused as several statements in one string. PostgreSQL's parser
+    /// counts them (`n`); SQLite compiles the first and refuses any tail that
+    /// is not whitespace, comments or `;`.
+    pub fn several(backend: Backend, op: &'static str, sql: &str, n: usize) -> Self {
+        let message = match backend {
+            Backend::Postgres => format!("{n} statements in one call; send exactly one"),
+            Backend::Sqlite => {
+                "more than one statement in one call (or text after it); send exactly one".into()
+            }
+        };
+        Self::denied(op, sql, &message)
     }
 }
 
@@ -804,4 +838,22 @@ macro_rules! on_both_databases {
             }
         }
     };
+}
+
+/// Peak and current resident memory of process `pid` in KiB: `VmHWM` and
+/// `VmRSS` from `/proc/<pid>/status` (Linux). `None` when the process is
+/// gone or the file lacks them.
+pub fn process_memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
 }

@@ -5,6 +5,10 @@
 //! message has credited [`Arena::VICTIM`]: a refusal must roll that credit
 //! back too. Every refusal is asserted by its exact dead-letter reason
 //! ([`Arena::refused`]); the tables of [`Arena::SQL_SETUP`] must be intact.
+//! Each database judges by its own grammar (README, "What a handler can and
+//! cannot do"): a statement only the other database knows is refused as a
+//! syntax error, and on SQLite a name that is no table is SQLite's own
+//! compile error.
 //! How statements are built and what they cost: `hostile_sql_shape.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -54,6 +58,12 @@ fn schemas(backend: Backend) -> (&'static str, &'static str) {
 async fn host_tables(backend: Backend) {
     let a = arena(backend, "").await;
     let (schema, _) = schemas(backend);
+    // SQLite's authorizer names the FROM item a table is read through: here
+    // the CTE that shadows `accounts`.
+    let through_cte = match backend {
+        Backend::Postgres => "",
+        Backend::Sqlite => " (reached through `accounts`)",
+    };
     let cases = [
         host_table(
             "query",
@@ -78,10 +88,13 @@ async fn host_tables(backend: Backend) {
             &format!("SELECT * FROM {schema}.idem_receipts"),
             "idem_receipts",
         ),
-        host_table(
+        Case::denied(
             "query",
             "WITH accounts AS (SELECT * FROM idem_receipts) SELECT * FROM accounts",
-            "idem_receipts",
+            &format!(
+                "`idem_receipts` names a host table; idem_* tables are never reachable \
+                 from a handler{through_cte}"
+            ),
         ),
         host_table(
             "query",
@@ -144,13 +157,22 @@ async fn another_handlers_table(backend: Backend) {
             &format!("SELECT * FROM {schema}.other_accounts"),
             t,
         ),
-        Case::exact(
-            "query",
-            format!("SELECT * FROM {other}.other_accounts"),
-            format!(
-                "rejected: denied: schema `{other}` is not allowed; use unqualified table names (or `{schema}.`)"
+        match backend {
+            Backend::Postgres => Case::denied(
+                "query",
+                format!("SELECT * FROM {other}.other_accounts"),
+                &format!(
+                    "schema `{other}` is not allowed; use unqualified table names (or `{schema}.`)"
+                ),
             ),
-        ),
+            // SQLite has no schema `public` (guests cannot attach one).
+            Backend::Sqlite => Case::syntax(
+                backend,
+                "query",
+                &format!("SELECT * FROM {other}.other_accounts"),
+                &format!("no such table: {other}.other_accounts"),
+            ),
+        },
     ];
     a.refused(&cases, Duration::from_secs(10)).await;
     a.stop().await;
@@ -160,35 +182,80 @@ on_both_databases!(another_handlers_table, another_handlers_table);
 async fn system_catalogs(backend: Backend) {
     let a = arena(backend, "").await;
     let system_table = |sql: &str, name: &str| {
-        Case::exact(
+        Case::denied(
             "query",
             sql,
-            format!("rejected: denied: `{name}` is a system table; handlers cannot read it"),
+            &format!("`{name}` is a system table; handlers cannot read it"),
         )
     };
-    let cases = [
-        catalog("SELECT * FROM pg_catalog.pg_tables", "pg_catalog"),
-        catalog("SELECT * FROM \"pg_catalog\".\"pg_authid\"", "pg_catalog"),
-        system_table("SELECT tablename FROM pg_tables", "pg_tables"),
-        system_table("SELECT * FROM pg_shadow", "pg_shadow"),
-        catalog(
-            "SELECT * FROM information_schema.tables",
-            "information_schema",
-        ),
-        catalog("SELECT name FROM sqlite_master", "sqlite_master"),
-        catalog("SELECT * FROM sqlite_schema", "sqlite_schema"),
-        catalog("SELECT * FROM sqlite_temp_master", "sqlite_temp_master"),
-        Case::exact(
-            "query",
-            "SELECT * FROM pragma_table_info('accounts')",
-            "rejected: denied: table function `pragma_table_info` is not allowed; read granted tables",
-        ),
-        not_granted(
-            "query",
-            "SELECT name FROM pragma_table_list",
-            "pragma_table_list",
-        ),
-    ];
+    let cases = match backend {
+        Backend::Postgres => vec![
+            catalog("SELECT * FROM pg_catalog.pg_tables", "pg_catalog"),
+            catalog("SELECT * FROM \"pg_catalog\".\"pg_authid\"", "pg_catalog"),
+            system_table("SELECT tablename FROM pg_tables", "pg_tables"),
+            system_table("SELECT * FROM pg_shadow", "pg_shadow"),
+            catalog(
+                "SELECT * FROM information_schema.tables",
+                "information_schema",
+            ),
+            // SQLite's catalogs are plain names to PostgreSQL, and not granted.
+            not_granted("query", "SELECT name FROM sqlite_master", "sqlite_master"),
+            not_granted("query", "SELECT * FROM sqlite_schema", "sqlite_schema"),
+            not_granted(
+                "query",
+                "SELECT * FROM sqlite_temp_master",
+                "sqlite_temp_master",
+            ),
+            Case::denied(
+                "query",
+                "SELECT * FROM pragma_table_info('accounts')",
+                "functions in FROM (generate_series, ROWS FROM, ...) are not allowed in \
+                 handler SQL; read granted tables",
+            ),
+            not_granted(
+                "query",
+                "SELECT name FROM pragma_table_list",
+                "pragma_table_list",
+            ),
+        ],
+        Backend::Sqlite => {
+            let no_table = |sql: &str, name: &str| {
+                Case::syntax(backend, "query", sql, &format!("no such table: {name}"))
+            };
+            vec![
+                // PostgreSQL's catalogs do not exist on SQLite (nor can a
+                // guest attach a schema of that name).
+                no_table("SELECT * FROM pg_catalog.pg_tables", "pg_catalog.pg_tables"),
+                no_table(
+                    "SELECT * FROM \"pg_catalog\".\"pg_authid\"",
+                    "pg_catalog.pg_authid",
+                ),
+                no_table("SELECT tablename FROM pg_tables", "pg_tables"),
+                no_table("SELECT * FROM pg_shadow", "pg_shadow"),
+                no_table(
+                    "SELECT * FROM information_schema.tables",
+                    "information_schema.tables",
+                ),
+                catalog("SELECT name FROM sqlite_master", "sqlite_master"),
+                // SQLite resolves `sqlite_schema` to the table it names,
+                // `sqlite_master`, before asking the authorizer.
+                catalog("SELECT * FROM sqlite_schema", "sqlite_master"),
+                catalog("SELECT * FROM sqlite_temp_master", "sqlite_temp_master"),
+                // Pragma table functions are eponymous virtual tables: reading
+                // one is reading a table that is not granted.
+                not_granted(
+                    "query",
+                    "SELECT * FROM pragma_table_info('accounts')",
+                    "pragma_table_info",
+                ),
+                not_granted(
+                    "query",
+                    "SELECT name FROM pragma_table_list",
+                    "pragma_table_list",
+                ),
+            ]
+        }
+    };
     a.refused(&cases, Duration::from_secs(10)).await;
     a.stop().await;
 }
@@ -200,33 +267,51 @@ on_both_databases!(system_catalogs, system_catalogs);
 async fn casts_reach_no_catalog_or_clock(backend: Backend) {
     let a = arena(backend, "").await;
     let cases = match backend {
-        Backend::Postgres => vec![
-            Case::prefix(
-                "query",
-                "SELECT 'idem_receipts'::regclass::oid::bigint AS o",
-                "rejected: denied: ",
-            ),
-            Case::prefix(
-                "query",
-                "SELECT CAST('pg_authid' AS regclass)::oid::bigint AS o",
-                "rejected: denied: ",
-            ),
-            Case::prefix(
-                "query",
-                "SELECT 'now'::timestamptz::text AS t",
-                "rejected: denied: ",
-            ),
-            Case::prefix(
-                "query",
-                "SELECT CAST(CAST('now' AS timestamp) AS text) AS t",
-                "rejected: denied: ",
-            ),
-            Case::prefix(
-                "query",
-                "SELECT 'today'::date::text AS d",
-                "rejected: denied: ",
-            ),
-        ],
+        Backend::Postgres => {
+            let oid = "cast to `oid` is not allowed: oids identify system catalog objects";
+            let regclass = "cast to `regclass` is not allowed: reg* types look names up in the \
+                            system catalogs";
+            let clock = |word: &str| {
+                format!(
+                    "the literal '{word}' reads the database clock; pass times in the message \
+                     instead"
+                )
+            };
+            // The judge refuses the first cast it meets from the outside in.
+            vec![
+                Case::denied(
+                    "query",
+                    "SELECT 'idem_receipts'::regclass::oid::bigint AS o",
+                    oid,
+                ),
+                Case::denied(
+                    "query",
+                    "SELECT CAST('pg_authid' AS regclass)::oid::bigint AS o",
+                    oid,
+                ),
+                Case::denied(
+                    "query",
+                    "SELECT 'idem_receipts'::regclass::text AS o",
+                    regclass,
+                ),
+                Case::denied(
+                    "query",
+                    "SELECT CAST('pg_authid' AS regclass)::text AS o",
+                    regclass,
+                ),
+                Case::denied(
+                    "query",
+                    "SELECT 'now'::timestamptz::text AS t",
+                    &clock("now"),
+                ),
+                Case::denied(
+                    "query",
+                    "SELECT CAST(CAST('now' AS timestamp) AS text) AS t",
+                    &clock("now"),
+                ),
+                Case::denied("query", "SELECT 'today'::date::text AS d", &clock("today")),
+            ]
+        }
         Backend::Sqlite => vec![
             Case::exact(
                 "query",
@@ -250,19 +335,47 @@ on_both_databases!(
 
 async fn transaction_control(backend: Backend) {
     let a = arena(backend, "").await;
+    let pg = backend == Backend::Postgres;
     let cases = [
         Case::not_dml("sql", "COMMIT", "COMMIT"),
         Case::not_dml("sql", "COMMIT AND CHAIN", "COMMIT"),
-        Case::not_dml("sql", "END", "END"),
+        // SQLite's authorizer reports END as the COMMIT it is.
+        Case::not_dml("sql", "END", if pg { "END" } else { "COMMIT" }),
         Case::not_dml("sql", "ROLLBACK", "ROLLBACK"),
-        Case::not_dml("sql", "ABORT", "ROLLBACK"),
+        if pg {
+            Case::not_dml("sql", "ABORT", "ABORT")
+        } else {
+            Case::syntax(backend, "sql", "ABORT", "near \"ABORT\": syntax error")
+        },
         Case::not_dml("sql", "SAVEPOINT x", "SAVEPOINT"),
         // The host's own per-statement savepoint.
         Case::not_dml("sql", "RELEASE SAVEPOINT idem_stmt", "RELEASE"),
-        Case::not_dml("sql", "ROLLBACK TO SAVEPOINT idem_stmt", "ROLLBACK"),
+        Case::not_dml(
+            "sql",
+            "ROLLBACK TO SAVEPOINT idem_stmt",
+            if pg { "ROLLBACK" } else { "ROLLBACK TO" },
+        ),
         Case::not_dml("sql", "BEGIN", "BEGIN"),
-        Case::not_dml("sql", "START TRANSACTION", "START"),
-        Case::syntax("sql", "PREPARE TRANSACTION 'x'"),
+        if pg {
+            Case::not_dml("sql", "START TRANSACTION", "START")
+        } else {
+            Case::syntax(
+                backend,
+                "sql",
+                "START TRANSACTION",
+                "near \"START\": syntax error",
+            )
+        },
+        if pg {
+            Case::not_dml("sql", "PREPARE TRANSACTION 'x'", "PREPARE")
+        } else {
+            Case::syntax(
+                backend,
+                "sql",
+                "PREPARE TRANSACTION 'x'",
+                "near \"PREPARE\": syntax error",
+            )
+        },
     ];
     // Had any COMMIT gone through, the victim's credit would have stayed.
     a.refused(&cases, Duration::from_secs(10)).await;
@@ -272,22 +385,51 @@ on_both_databases!(transaction_control, transaction_control);
 
 async fn set_role_and_settings(backend: Backend) {
     let a = arena(backend, "").await;
+    let pg = backend == Backend::Postgres;
+    // A statement of the other database's dialect is its grammar's error.
+    let foreign = |sql: &str, word: &str| {
+        let message = if pg {
+            format!("syntax error at or near \"{word}\"")
+        } else {
+            format!("near \"{word}\": syntax error")
+        };
+        Case::syntax(backend, "sql", sql, &message)
+    };
+    let postgres_only = |sql: &str, word: &str, refused_as: &str| {
+        if pg {
+            Case::not_dml("sql", sql, refused_as)
+        } else {
+            foreign(sql, word)
+        }
+    };
+    let sqlite_only = |sql: &str, word: &str| {
+        if pg {
+            foreign(sql, word)
+        } else {
+            Case::not_dml("sql", sql, word)
+        }
+    };
     let cases = [
-        Case::not_dml("sql", "SET ROLE postgres", "SET"),
-        Case::not_dml("sql", "RESET ROLE", "RESET"),
-        Case::not_dml("sql", "SET SESSION AUTHORIZATION postgres", "SET"),
-        Case::not_dml("sql", "SET LOCAL statement_timeout = 0", "SET"),
-        Case::not_dml("sql", "SET search_path TO pg_catalog", "SET"),
-        Case::not_dml("sql", "RESET ALL", "RESET"),
-        Case::not_dml("sql", "DISCARD ALL", "DISCARD"),
-        Case::function("SELECT set_config('role', 'postgres', true)", "set_config"),
-        Case::not_dml("sql", "PRAGMA foreign_keys = 0", "PRAGMA"),
-        Case::not_dml(
-            "sql",
-            "ATTACH DATABASE '/tmp/idem-evil.db' AS evil",
-            "ATTACH",
-        ),
-        Case::syntax("sql", "DETACH DATABASE main"),
+        postgres_only("SET ROLE postgres", "SET", "SET"),
+        postgres_only("RESET ROLE", "RESET", "RESET"),
+        postgres_only("SET SESSION AUTHORIZATION postgres", "SET", "SET"),
+        postgres_only("SET LOCAL statement_timeout = 0", "SET", "SET"),
+        postgres_only("SET search_path TO pg_catalog", "SET", "SET"),
+        postgres_only("RESET ALL", "RESET", "RESET"),
+        postgres_only("DISCARD ALL", "DISCARD", "DISCARD"),
+        if pg {
+            Case::function("SELECT set_config('role', 'postgres', true)", "set_config")
+        } else {
+            Case::syntax(
+                backend,
+                "query",
+                "SELECT set_config('role', 'postgres', true)",
+                "no such function: set_config",
+            )
+        },
+        sqlite_only("PRAGMA foreign_keys = 0", "PRAGMA"),
+        sqlite_only("ATTACH DATABASE '/tmp/idem-evil.db' AS evil", "ATTACH"),
+        sqlite_only("DETACH DATABASE main", "DETACH"),
     ];
     a.refused(&cases, Duration::from_secs(10)).await;
     a.stop().await;

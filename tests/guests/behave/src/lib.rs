@@ -21,6 +21,15 @@
 //!   overflows first.
 //! - `huge-error` `{fill, repeat, kind?}`: returns `reject` (`retry` when
 //!   `kind` is `"retry"`) with `fill` repeated `repeat` times as the reason.
+//! - `steps` `{steps: [{op: "sql" | "query", sql, params?}, ...], end?}`: runs
+//!   the steps in order inside the one message. At the first failing step
+//!   rejects with `"step <i>: <kind>: <message>"` (`i` from 0). When all
+//!   succeed the message commits, unless `end` is `"reject"`: then it rejects
+//!   with `"steps <results>"`, `<results>` the JSON array of each query
+//!   step's `[columns, rows]` (so a test sees what the sequence read).
+//! - `many-texts` `{count, pad, start?}`: executes `count` distinct
+//!   statements `SELECT <n> AS n /* <pad bytes> */` (`n` from `start`,
+//!   default 0), each text new to the host; on failure rejects like `sql`.
 //!
 //! Anything else (or bad JSON) rejects with a reason starting `bad payload`.
 
@@ -78,6 +87,65 @@ fn params_of(p: &Json) -> Vec<Value> {
 
 fn db_reject(e: DbError) -> HandlerError {
     HandlerError::Reject(format!("{}: {}", e.kind.as_str(), e.message))
+}
+
+/// A query's `[columns, rows]` as JSON.
+fn rows_json(rows: &idem_guest::Rows) -> Json {
+    let data: Vec<Json> = rows
+        .rows
+        .iter()
+        .map(|r| Json::Array(r.iter().map(to_json).collect()))
+        .collect();
+    Json::Array(vec![Json::from(rows.columns.clone()), Json::Array(data)])
+}
+
+/// The `steps` op: every step in order, stopping at the first error.
+fn steps(p: &Json) -> Result<(), HandlerError> {
+    let list = field(p, "steps")?
+        .as_array()
+        .ok_or_else(|| HandlerError::reject("bad payload: `steps` is not an array"))?;
+    let mut results = Vec::new();
+    for (i, step) in list.iter().enumerate() {
+        let sql = text(step, "sql")?;
+        let params = params_of(step);
+        let failed = |e: DbError| {
+            HandlerError::Reject(format!("step {i}: {}: {}", e.kind.as_str(), e.message))
+        };
+        match text(step, "op")? {
+            "sql" => {
+                tx::execute(sql, &params).map_err(failed)?;
+            }
+            "query" => results.push(rows_json(&tx::query(sql, &params).map_err(failed)?)),
+            other => {
+                return Err(HandlerError::reject(format!(
+                    "bad payload: unknown step op `{other}`"
+                )));
+            }
+        }
+    }
+    if p.get("end").and_then(Json::as_str) == Some("reject") {
+        return Err(HandlerError::Reject(format!(
+            "steps {}",
+            Json::Array(results)
+        )));
+    }
+    Ok(())
+}
+
+/// The `many-texts` op: `count` statements whose texts all differ.
+fn many_texts(p: &Json) -> Result<(), HandlerError> {
+    let count = int(p, "count")?;
+    let start = p.get("start").and_then(Json::as_i64).unwrap_or(0);
+    let pad = "x".repeat(usize::try_from(int(p, "pad")?).unwrap_or(0));
+    let mut sql = String::new();
+    for n in start..start.saturating_add(count) {
+        sql.clear();
+        sql.push_str(&format!("SELECT {n} AS n /* "));
+        sql.push_str(&pad);
+        sql.push_str(" */");
+        tx::execute(&sql, &[]).map_err(db_reject)?;
+    }
+    Ok(())
 }
 
 fn credit(p: &Json) -> Result<(), HandlerError> {
@@ -187,6 +255,8 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
                 _ => Err(HandlerError::Reject(reason)),
             }
         }
+        "steps" => steps(p),
+        "many-texts" => many_texts(p),
         "retry-once-then-credit" => {
             if msg.delivery_count <= 1 {
                 Err(HandlerError::retry("first delivery"))
