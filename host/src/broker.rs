@@ -108,7 +108,7 @@ pub async fn ensure_consumer(
     js: &jetstream::Context,
     handler: &HandlerConfig,
     max_ack_pending: i64,
-) -> anyhow::Result<jetstream::consumer::Consumer<pull::Config>> {
+) -> anyhow::Result<EnsuredConsumer> {
     let mut stream = js
         .get_or_create_stream(stream::Config {
             name: handler.stream.clone(),
@@ -187,7 +187,18 @@ pub async fn ensure_consumer(
         max_ack_pending,
         filter_subject,
         filter_subjects,
+        deliver_policy: handler.start.deliver_policy(),
         ..Default::default()
+    };
+    let existed = match stream.consumer_info(&handler.name).await {
+        Ok(_) => true,
+        Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => false,
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "handler `{}`: cannot read durable consumer `{}` on stream `{}`",
+                handler.name, handler.name, handler.stream
+            )));
+        }
     };
     let consumer = stream
         .get_or_create_consumer(&handler.name, config.clone())
@@ -198,11 +209,25 @@ pub async fn ensure_consumer(
                 handler.name, handler.stream
             )
         })?;
-    let drift = broker_config::consumer_drift(&consumer.cached_info().config, &want);
-    if drift.is_empty() {
-        return Ok(consumer);
+    if !existed {
+        tracing::info!(handler = %handler.name, start = %handler.start, "durable consumer created");
     }
-    // A consumer made earlier (or by hand) with other settings: bring it in line.
+    let found = consumer.cached_info().config.clone();
+    let drift = broker_config::consumer_drift(&found, &want);
+    if drift.is_empty() {
+        let stored = consumer.cached_info().num_pending;
+        return Ok(EnsuredConsumer {
+            consumer,
+            created: !existed,
+            stored,
+        });
+    }
+    // A consumer made earlier (or by hand) with other settings: bring it in
+    // line. Its start position stays (JetStream cannot change it).
+    let config = pull::Config {
+        deliver_policy: found.deliver_policy,
+        ..config
+    };
     let updated = stream.update_consumer(config).await.with_context(|| {
         format!(
             "handler `{}`: durable consumer `{}` differs from the config in {} and cannot be updated; delete it (nats consumer rm {} {}) to let idem create it",
@@ -214,7 +239,22 @@ pub async fn ensure_consumer(
         )
     })?;
     tracing::info!(handler = %handler.name, changed = ?drift, "durable consumer updated to match the config");
-    Ok(updated)
+    Ok(EnsuredConsumer {
+        consumer: updated,
+        created: !existed,
+        stored: 0,
+    })
+}
+
+/// What [`ensure_consumer`] found or made.
+pub struct EnsuredConsumer {
+    /// The handler's durable pull consumer.
+    pub consumer: jetstream::consumer::Consumer<pull::Config>,
+    /// idem created it just now (it did not exist), at the handler's `start`.
+    pub created: bool,
+    /// Messages it has yet to deliver (`num_pending`) as the broker reported
+    /// when it was read or created; 0 after an update.
+    pub stored: u64,
 }
 
 /// The stream's `max_age`: how long it keeps a message. `None`: for ever
@@ -307,7 +347,7 @@ impl Deliveries {
     /// [`ConsumerLost`].
     async fn restore(&mut self) -> Result<(), ConsumerLost> {
         match ensure_consumer(&self.js, &self.handler, self.max_ack_pending).await {
-            Ok(consumer) => {
+            Ok(EnsuredConsumer { consumer, .. }) => {
                 if consumer.cached_info().created != self.consumer.cached_info().created {
                     tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, "the durable consumer was gone from the broker (deleted?) and is created again; messages still in the stream are delivered again, and receipts skip what was applied");
                     self.stream = None;

@@ -19,6 +19,7 @@
 //! Relative paths (`module`, `migrations`) are resolved against the directory
 //! of the config file.
 
+use crate::start::StartPosition;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -188,6 +189,12 @@ pub struct HandlerConfig {
     /// older than the window is then quarantined, never run. Default false.
     #[serde(default)]
     pub accept_horizon_risk: bool,
+    /// Where a new durable consumer starts in the stream: `"all"` (default),
+    /// `"new"`, `"seq:N"` or `"time:<RFC 3339>"` ([`StartPosition`]). Only
+    /// when idem creates the consumer; an existing one goes on from where
+    /// it is.
+    #[serde(default)]
+    pub start: StartPosition,
 }
 
 fn default_identity() -> IdentityRule {
@@ -566,5 +573,23 @@ ack_wait = "10s"
         assert!(parse(&bad).unwrap_err().contains("belongs to idem"));
         let bad = OK.replace("ack_wait", "ack_wiat");
         assert!(parse(&bad).unwrap_err().contains("unknown field"));
+    }
+
+    #[test]
+    fn start_is_read_and_checked() {
+        assert_eq!(parse(OK).unwrap().handlers[0].start, StartPosition::All);
+        let seq = OK.replace("ack_wait = \"10s\"", "start = \"seq:5\"");
+        assert_eq!(
+            parse(&seq).unwrap().handlers[0].start,
+            StartPosition::Sequence(5)
+        );
+        let bad = OK.replace("ack_wait = \"10s\"", "start = \"first\"");
+        assert!(
+            parse(&bad).unwrap_err().contains(
+                "start = \"first\" is not a start position; use \"all\", \"new\", \"seq:N\" (N >= 1)"
+            ),
+            "{:?}",
+            parse(&bad)
+        );
     }
 }

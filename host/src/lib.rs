@@ -19,6 +19,7 @@ pub mod publish;
 pub mod runtime;
 pub mod service;
 pub mod sql_guard;
+pub mod start;
 pub mod store;
 
 /// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's

@@ -118,7 +118,11 @@ impl Host {
         let js = &nats.js;
         let mut handlers = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
-            let consumer = broker::ensure_consumer(js, h, MAX_ACK_PENDING).await?;
+            let ensured = broker::ensure_consumer(js, h, MAX_ACK_PENDING).await?;
+            if ensured.created && ensured.stored > 0 {
+                warn_if_replaying(&db, h, ensured.stored).await;
+            }
+            let consumer = ensured.consumer;
             check_horizon(js, h).await?;
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
             if h.effective_pull_batch() != h.pull_batch {
@@ -296,6 +300,28 @@ async fn consume(
         }
     }
     while in_flight.join_next().await.is_some() {}
+}
+
+/// Says clearly when a durable consumer idem just created is about to run
+/// `stored` messages already in the stream into tables that already have
+/// rows: the usual cause is a renamed handler (a new consumer name), which
+/// applies every stored message again.
+async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stored: u64) {
+    let filled = db.tables_with_rows(&h.tables).await;
+    if filled.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        handler = %h.name,
+        stream = %h.stream,
+        start = %h.start,
+        "new durable consumer `{}` is about to process {stored} messages already in stream `{}` into tables that already have rows ({}); if this handler was renamed, they are applied again: stop now and set start = \"new\" (or \"seq:N\"), and delete the consumer (nats consumer rm {} {})",
+        h.name,
+        h.stream,
+        filled.join(", "),
+        h.stream,
+        h.name
+    );
 }
 
 /// How a handler's consuming loop stops the whole host when its consumer is

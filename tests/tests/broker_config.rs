@@ -178,3 +178,112 @@ async fn a_consumer_made_by_hand_is_brought_in_line() {
     assert_eq!(db.balance(3).await, Some(4));
     host.stop().await;
 }
+
+/// `start` places a new consumer: `new` skips what the stream holds, `seq:N`
+/// starts at sequence N; an existing consumer keeps its place when `start`
+/// changes.
+#[tokio::test]
+async fn start_places_a_new_consumer_only() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    create_stream(&nats, "A", &["a.credit"]).await;
+    let js = nats.jetstream().await;
+    for (i, amount) in [1, 10, 100].iter().enumerate() {
+        publish(&js, "a.credit", &credit(&format!("p{i}"), 1, *amount), &[]).await;
+    }
+    let mut fresh = spec(&["a.credit"]);
+    fresh.name = "fresh".into();
+    fresh.extra.push_str("start = \"new\"\n");
+    let mut from_two = spec(&["a.credit"]);
+    from_two.name = "from-two".into();
+    from_two.extra.push_str("start = \"seq:2\"\n");
+    from_two.tables = vec!["accounts".into()];
+    let cfg = write_config(dir.path(), &nats, &db, &[fresh, from_two]);
+    let host = RunningHost::start(&cfg).await;
+    host.wait_for("from-two", "seq 2 and 3", |s| s.processed == 2)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(host.stats("fresh").delivered, 0);
+    publish(&js, "a.credit", &credit("p3", 2, 1000), &[]).await;
+    host.wait_for("fresh", "p3", |s| s.processed == 1).await;
+    host.wait_for("from-two", "p3", |s| s.processed == 3).await;
+    assert_eq!(db.balance(1).await, Some(110));
+    assert_eq!(db.balance(2).await, Some(2000));
+    host.stop().await;
+    // `start` changed for an existing consumer: it goes on where it was.
+    let mut fresh = spec(&["a.credit"]);
+    fresh.name = "fresh".into();
+    fresh.extra.push_str("start = \"all\"\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[fresh]);
+    let host = RunningHost::start(&cfg).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(host.stats("fresh").delivered, 0);
+    let c = js
+        .get_stream("A")
+        .await
+        .unwrap()
+        .consumer_info("fresh")
+        .await
+        .unwrap();
+    assert_eq!(c.config.deliver_policy, consumer::DeliverPolicy::New);
+    host.stop().await;
+}
+
+/// `idem run --drain` on `config`; (exit code, stderr).
+fn drain(config: &std::path::Path) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
+        .args(["run", "--drain", "--config", config.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A renamed handler (a new consumer) about to replay stored messages into
+/// tables that already have rows is named at start, once; with
+/// `start = "new"` nothing is replayed and nothing said.
+#[tokio::test]
+async fn a_new_consumer_replaying_into_filled_tables_is_named() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let js = nats.jetstream().await;
+    let cfg = write_config(dir.path(), &nats, &db, &[spec(&["a.credit"])]);
+    let host = RunningHost::start(&cfg).await;
+    publish(&js, "a.credit", &credit("r1", 1, 5), &[]).await;
+    publish(&js, "a.credit", &credit("r2", 1, 5), &[]).await;
+    host.wait_for("credit", "both", |s| s.processed == 2).await;
+    host.stop().await;
+
+    let mut quiet = spec(&["a.credit"]);
+    quiet.name = "renamed-new".into();
+    quiet.extra.push_str("start = \"new\"\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[quiet]);
+    let (code, err) = drain(&cfg);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("about to process"), "{err}");
+    assert_eq!(db.balance(1).await, Some(10));
+
+    let mut renamed = spec(&["a.credit"]);
+    renamed.name = "renamed".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[renamed]);
+    let (code, err) = drain(&cfg);
+    assert_eq!(code, 0, "{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("about to process"))
+        .collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].contains(
+            "new durable consumer `renamed` is about to process 2 messages already in stream `A` into tables that already have rows (accounts)"
+        ),
+        "{err}"
+    );
+    // What the warning is about: the replay applied both again.
+    assert_eq!(db.balance(1).await, Some(20));
+}

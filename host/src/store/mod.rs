@@ -320,6 +320,33 @@ impl Database {
         Ok(())
     }
 
+    /// Which of `tables` hold at least one row (names as in `[[handler]]
+    /// tables`, read as unquoted identifiers: lower case). A table that
+    /// cannot be read (missing, say) is left out.
+    pub async fn tables_with_rows(&self, tables: &[String]) -> Vec<String> {
+        let mut filled = Vec::new();
+        for t in tables {
+            let sql = format!(
+                "SELECT 1 FROM \"{}\" LIMIT 1",
+                t.to_lowercase().replace('"', "\"\"")
+            );
+            let row = match self {
+                Database::Postgres(pool) => sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .fetch_optional(pool)
+                    .await
+                    .map(|r| r.is_some()),
+                Database::Sqlite(pool) => sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .fetch_optional(pool)
+                    .await
+                    .map(|r| r.is_some()),
+            };
+            if let Ok(true) = row {
+                filled.push(t.clone());
+            }
+        }
+        filled
+    }
+
     /// How many receipts `consumer` has (committed ones only).
     pub async fn receipt_count(&self, consumer: &str) -> Result<u64, StoreError> {
         let n = match self {
