@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the credit handler in Python, JavaScript and C (issue 5), and the
+# Builds the credit handler in Python, JavaScript and C, and the
 # JavaScript versions of the strategy examples, after installing their pinned
 # toolchains (scripts/toolchains.sh):
 #   target/guests/credit-python.wasm                  examples/credit-python (componentize-py)

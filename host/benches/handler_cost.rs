@@ -1,6 +1,6 @@
 //! What a credit handler costs per message in each guest language, next to
-//! the same work done natively and to the database's own floor (issue 5:
-//! component size, compile time, per-message instantiate + handle).
+//! the same work done natively and to the database's own floor:
+//! component size, compile time, per-message instantiate + handle.
 //!
 //! Run: `cargo bench -p idem --bench handler_cost` (a few minutes after the
 //! build, most of it compiling the large Python and JavaScript components).

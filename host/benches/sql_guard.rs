@@ -1,5 +1,5 @@
 //! What the SQL guard costs per guest statement, next to what the statement
-//! itself costs (issue 3, "Done when": validation with the cache warm, as a
+//! itself costs (validation with the cache warm, as a
 //! ratio to the statement's own execution time).
 //!
 //! Run: `cargo bench -p idem --bench sql_guard` (about 5 s after the build).

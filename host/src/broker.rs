@@ -1,7 +1,7 @@
 //! The JetStream side: connect, make sure the stream and the durable pull
 //! consumer exist, hand out messages, and ack / nak / term them.
 //!
-//! Facts this module is written around (async-nats 0.51, checked in DESIGN.md):
+//! Facts this module is written around (async-nats 0.51, checked against a running nats-server):
 //! - `ack()` returning `Ok` only means queued in the client; `double_ack()`
 //!   waits for the server's reply (a *confirmed* ack) but is still only a hint
 //!   to stop redelivering: the receipt, not the ack, keeps an effect single.

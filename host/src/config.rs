@@ -177,7 +177,7 @@ pub struct HandlerConfig {
     /// Linear memory cap per instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub max_memory_mib: u32,
-    /// The retention window (DESIGN.md invariant 7): receipts older than
+    /// The retention window (ARCHITECTURE.md invariant 7): receipts older than
     /// this are pruned, and a message published longer ago than this cannot
     /// be proven new, so it is dead-lettered (`beyond-horizon: …`) instead of
     /// run. A stream idem creates gets this as its `max_age`; at start the
@@ -242,7 +242,7 @@ fn default_retention() -> Duration {
 }
 
 /// Where a message's identity is read from. Never invented: a message without
-/// one is dead-lettered (DESIGN.md invariant 6).
+/// one is dead-lettered (ARCHITECTURE.md invariant 6).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdentityRule {
     /// `header:NAME`: the value of a NATS header, e.g. `Nats-Msg-Id`.

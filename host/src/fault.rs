@@ -3,7 +3,7 @@
 //! list of:
 //!
 //! - `abort-after-commit:N`: abort the process right after the N-th commit,
-//!   before its ack (the "crash after commit, lost ack" case of seed 000);
+//!   before its ack (the "crash after commit, lost ack" case);
 //! - `drop-ack:P`: skip the ack after a commit for P percent (0–100) of
 //!   commits, chosen deterministically by commit number (a lost ack: the
 //!   broker redelivers after `ack_wait` and the receipt absorbs it).

@@ -1,4 +1,4 @@
-//! Per-handler counters of the protocol's outcomes (the signals seed 001 names:
+//! Per-handler counters of the protocol's outcomes (the signals an operator watches:
 //! duplicates skipped, retries, dead letters). Cheap atomics, read by the
 //! periodic stats line, the shutdown summary and the tests.
 

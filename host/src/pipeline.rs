@@ -1,5 +1,5 @@
 //! The protocol for one message, written once for every database
-//! (DESIGN.md, "The protocol"):
+//! (ARCHITECTURE.md, "The protocol"):
 //!
 //! ```text
 //! published longer ago than `retention` → durable dead letter (beyond-horizon) → term
@@ -44,7 +44,7 @@ pub struct Pipeline {
     pub config: HandlerConfig,
     pub statement_timeout: Duration,
     /// The retention window: a message published longer ago than this is
-    /// quarantined (DESIGN.md invariant 7).
+    /// quarantined (ARCHITECTURE.md invariant 7).
     pub retention: Duration,
     /// PostgreSQL role the guest's statements run as (defence in depth), if set up.
     pub db_role: Option<String>,
@@ -206,7 +206,7 @@ impl Pipeline {
 
         // Beyond the memory horizon: the receipt that would recognise this
         // message may already be pruned, so it cannot be proven new. Quarantined
-        // before any receipt or guest code (DESIGN.md invariant 7).
+        // before any receipt or guest code (ARCHITECTURE.md invariant 7).
         if let Some(reason) = self.beyond_horizon(d.published_ms) {
             return self.dead_letter(d, Some(&identity), &reason).await;
         }

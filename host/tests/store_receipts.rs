@@ -1,5 +1,5 @@
 //! Receipts, dead letters, host tables and connecting, on real PostgreSQL and
-//! SQLite: DESIGN invariants 1, 3, 4 and 5 at the store level.
+//! SQLite: ARCHITECTURE.md invariants 1, 3, 4 and 5 at the store level.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem::sql_guard::SqlGuard;

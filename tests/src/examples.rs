@@ -1,4 +1,4 @@
-//! Harness for the shipped examples (issue 5): an example's own
+//! Harness for the shipped examples: an example's own
 //! `examples/<example>/idem.toml` handler, run on a private nats-server and a
 //! fresh database, and the two scenarios every example runs under
 //! redelivery: [`redelivery_after_crash`] and [`replay_past_receipts`].

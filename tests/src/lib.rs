@@ -459,7 +459,7 @@ pub async fn create_stream_with_max_age(
         .unwrap();
 }
 
-/// The hostile-guest arena (issue 3): one host running a hostile handler and
+/// The hostile-guest arena: one host running a hostile handler and
 /// a well-behaved one side by side on stream `ACCOUNTS` (`accounts.>`).
 ///
 /// - `hostile`: the `behave` guest on `accounts.hostile`, granted `accounts`

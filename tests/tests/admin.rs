@@ -1,4 +1,4 @@
-//! The operator commands (issue 4): `idem dlq list|show|redrive|drop` and
+//! The operator commands: `idem dlq list|show|redrive|drop` and
 //! `idem receipts show|prune|forget`, run as the real CLI binary against
 //! dead letters and receipts a real host wrote (real nats-server,
 //! PostgreSQL and SQLite), asserting exact output, row counts and balances.

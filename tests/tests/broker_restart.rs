@@ -1,4 +1,4 @@
-//! Consumption survives broker trouble (issue 4: a consumer-stream error
+//! Consumption survives broker trouble (a consumer-stream error
 //! never ends consumption silently; the host logs it, reconnects and keeps
 //! pulling).
 //!

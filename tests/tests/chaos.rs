@@ -1,4 +1,4 @@
-//! The chaos suite (issue 4). Host processes (`idem-test-host`, the `idem`
+//! The chaos suite. Host processes (`idem-test-host`, the `idem`
 //! CLI with test-only fault points) share one config, so one durable
 //! consumer, and consume a deterministic credit workload (a fixed seed):
 //! events over many accounts, 10 % of them published a second time without

@@ -1,5 +1,5 @@
 //! Two copies of one event in flight at once on two hosts: the database's
-//! unique constraint on the receipt arbitrates (DESIGN.md invariant 5). The
+//! unique constraint on the receipt arbitrates (ARCHITECTURE.md invariant 5). The
 //! test holds a row lock so that both transactions provably overlap.
 //! PostgreSQL only: SQLite takes its single write lock at BEGIN, so two
 //! transactions there never overlap in the first place.

@@ -1,6 +1,6 @@
 //! The host is killed after COMMIT and before the ack (a real process abort
 //! at a test-only fault point): the redelivery finds the receipt, changes
-//! nothing and is acked (seed 000's opening scenario). The scenario itself is
+//! nothing and is acked (the crash-after-commit scenario). The scenario itself is
 //! `idem_tests::examples::redelivery_after_crash`, which every example in
 //! every language also runs (`strategies.rs`, `languages.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

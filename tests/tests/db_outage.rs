@@ -1,4 +1,4 @@
-//! The database goes away while the host runs (issue 4).
+//! The database goes away while the host runs.
 //!
 //! - Unreachable (server stopped or crashed, sessions terminated): nothing is
 //!   acked that was not committed, the handler holds its message and fetches

@@ -1,4 +1,4 @@
-//! Issue 3's hostile guests, runtime half: guests that loop, hoard memory,
+//! Hostile guests, runtime half: guests that loop, hoard memory,
 //! overflow a stack, flood the log or return a huge reason. Each runs
 //! through the real host next to a well-behaved handler ([`Arena`]) on
 //! PostgreSQL and SQLite: the hostile message ends in a rollback (no receipt,

@@ -1,4 +1,4 @@
-//! Issue 3's hostile guests, SQL reach: statements on the host's tables,
+//! Hostile guests, SQL reach: statements on the host's tables,
 //! another handler's table, the catalogs (also through casts), transaction
 //! control and `SET ROLE`. Each runs through the real host next to a
 //! well-behaved handler ([`Arena`]), on PostgreSQL and SQLite, after the

@@ -1,4 +1,4 @@
-//! Issue 3's hostile guests, SQL shape and cost: two statements in one
+//! Hostile guests, SQL shape and cost: two statements in one
 //! string, comment and quote injection, `pg_sleep`, a million rows, a
 //! statement that never ends, the statement budget and size. Each runs
 //! through the real host next to a well-behaved handler ([`Arena`]), on

@@ -1,4 +1,4 @@
-//! Issue 5: the credit handler in every language idem ships an example for
+//! The credit handler in every language idem ships an example for
 //! runs the same redelivery test, on PostgreSQL and SQLite:
 //!
 //! 1. a real host process commits the first event and aborts before its ack

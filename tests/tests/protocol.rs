@@ -1,4 +1,4 @@
-//! The protocol of DESIGN.md, one test per invariant the end-to-end issue
+//! The protocol of ARCHITECTURE.md, one test per invariant it
 //! names, on PostgreSQL and SQLite, against a private nats-server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,6 +1,5 @@
-//! The retention horizon (DESIGN.md invariant 7; issue 4, "Retention
-//! horizon"): receipts older than `retention` are pruned in batches by one
-//! host at a time, a message published longer ago than `retention` is
+//! The retention horizon (ARCHITECTURE.md invariant 7): receipts older than
+//! `retention` are pruned in batches by one host at a time, a message published longer ago than `retention` is
 //! quarantined instead of run, and a host refuses a stream that can present
 //! messages older than its receipts.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

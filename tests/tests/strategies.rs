@@ -1,4 +1,4 @@
-//! Issue 5: one example handler per idempotency strategy of seed 001, each
+//! One example handler per idempotency strategy of README's "Idempotency strategies", each
 //! with its own tables and migrations under `examples/`, run through idem on
 //! PostgreSQL and SQLite against a private nats-server.
 //!

@@ -4,7 +4,7 @@
 //! Host tables (created at start by [`Database::prepare_host_tables`], never
 //! reachable from a guest: the SQL guard refuses every `idem_*` name):
 //! - `idem_receipts(consumer, message_id, stream_sequence, module_digest, processed_at)`,
-//!   primary key `(consumer, message_id)`: the processed-message marker (seed 000).
+//!   primary key `(consumer, message_id)`: the processed-message marker.
 //!   `processed_at` is `timestamptz` on PostgreSQL and Unix milliseconds
 //!   (`INTEGER`) on SQLite, set by the database; indexed by `(consumer, processed_at)`
 //!   for pruning (module `retention`).
@@ -408,7 +408,7 @@ impl Tx {
     /// `true`: inserted, the message is new; `false`: a receipt exists, the
     /// message is a duplicate. On PostgreSQL, while another transaction holds
     /// an uncommitted receipt with the same key this waits for it; if that one
-    /// commits this returns `false` without error (DESIGN invariant 5).
+    /// commits this returns `false` without error (ARCHITECTURE.md invariant 5).
     pub async fn insert_receipt(&mut self, r: &Receipt<'_>) -> Result<bool, StoreError> {
         let seq = to_i64(r.stream_sequence)?;
         Ok(match self {

@@ -1,5 +1,4 @@
-//! The retention window (DESIGN.md invariant 7, seed 000 "Retention defines
-//! the memory horizon"): receipts older than a handler's `retention` are
+//! The retention window (ARCHITECTURE.md invariant 7): receipts older than a handler's `retention` are
 //! deleted, in small batches, by one host at a time.
 //!
 //! - Each batch is one `DELETE` of at most `batch` rows by primary key, chosen

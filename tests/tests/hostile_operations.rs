@@ -1,4 +1,4 @@
-//! Hostile review of issue 4 (database outages, concurrency, admin CLI):
+//! Hostile review (database outages, concurrency, admin CLI):
 //! reproductions against real nats-server, PostgreSQL and SQLite.
 //!
 //! The first four reproduced bugs found by attacking the host (fixed since);
