@@ -385,7 +385,19 @@ impl RunningHost {
         what: &str,
         cond: impl Fn(&StatsSnapshot) -> bool,
     ) -> StatsSnapshot {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_for_within(handler, what, Duration::from_secs(10), cond)
+            .await
+    }
+
+    /// [`RunningHost::wait_for`] with its own time limit.
+    pub async fn wait_for_within(
+        &self,
+        handler: &str,
+        what: &str,
+        limit: Duration,
+        cond: impl Fn(&StatsSnapshot) -> bool,
+    ) -> StatsSnapshot {
+        let deadline = Instant::now() + limit;
         loop {
             let s = self.stats(handler);
             if cond(&s) {

@@ -4,33 +4,11 @@
 //! `idem::broker::CONSUMER_LOST_GRACE`, never looping silently.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::metrics::StatsSnapshot;
 use idem_tests::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SUBJECT: &str = "accounts.credit";
-
-/// Waits up to `secs` for `cond` on the handler's stats.
-async fn wait_long(
-    host: &RunningHost,
-    what: &str,
-    secs: u64,
-    cond: impl Fn(&StatsSnapshot) -> bool,
-) -> StatsSnapshot {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let s = host.stats("credit");
-        if cond(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Deleted consumer: created again; the credit published after applies,
 /// the one applied before is delivered again and skipped by its receipt.
@@ -55,10 +33,14 @@ async fn a_deleted_consumer_is_created_again(backend: Backend) {
         .await
         .unwrap();
     publish(&js, SUBJECT, &credit("c2", 1, 5), &[]).await;
-    let s = wait_long(&host, "c2 after the consumer was deleted", 30, |s| {
-        s.processed == 2 && s.duplicates == 1
-    })
-    .await;
+    let s = host
+        .wait_for_within(
+            "credit",
+            "c2 after the consumer was deleted",
+            Duration::from_secs(30),
+            |s| s.processed == 2 && s.duplicates == 1,
+        )
+        .await;
     assert_eq!(
         (s.delivered, s.processed, s.duplicates, s.dead_lettered),
         (3, 2, 1, 0)
@@ -105,10 +87,14 @@ async fn a_deleted_stream_is_created_again() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     publish(&js, SUBJECT, &credit("c2", 1, 5), &[]).await;
-    let s = wait_long(&host, "c2 after the stream was created again", 30, |s| {
-        s.processed == 2
-    })
-    .await;
+    let s = host
+        .wait_for_within(
+            "credit",
+            "c2 after the stream was created again",
+            Duration::from_secs(30),
+            |s| s.processed == 2,
+        )
+        .await;
     assert_eq!((s.processed, s.duplicates, s.dead_lettered), (2, 0, 0));
     assert_eq!(db.balance(1).await, Some(15));
     host.stop().await;
