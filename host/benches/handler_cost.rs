@@ -470,6 +470,7 @@ impl Bench<'_> {
                 message_id: &m.id,
                 stream_sequence: m.sequence,
                 module_digest: digest,
+                published_ms: 1_700_000_000_000,
             })
             .await?;
         ensure!(new, "receipt {} already existed", m.id);

@@ -453,6 +453,7 @@ async fn bench_full(
                 message_id: &message_id,
                 stream_sequence: *sequence,
                 module_digest: "bench",
+                published_ms: 1_700_000_000_000,
             })
             .await?;
         via_tx(&mut tx, case, checked, &params).await?;

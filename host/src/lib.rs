@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod broker;
+pub mod broker_clock;
 pub mod broker_config;
 pub mod cli;
 pub mod config;

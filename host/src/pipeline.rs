@@ -2,9 +2,10 @@
 //! (ARCHITECTURE.md, "The protocol"):
 //!
 //! ```text
-//! published longer ago than `retention` → durable dead letter (beyond-horizon) → term
 //! BEGIN → INSERT receipt ON CONFLICT DO NOTHING
 //!   0 rows → ROLLBACK → ack → duplicate
+//!   published longer ago than `retention` (broker's clock)
+//!          → ROLLBACK → durable dead letter (beyond-horizon) → term
 //!   run guest handle(msg) in this transaction
 //!     ok     → COMMIT → confirmed ack
 //!     retry  → ROLLBACK → nak with delay (dead letter on the last delivery)
@@ -16,6 +17,7 @@
 //! except one whose dead letter is durable first.
 
 use crate::broker;
+use crate::broker_clock::{self, BrokerClock};
 use crate::config::{HandlerConfig, IdentityRule};
 use crate::fault;
 use crate::health::{self, DbHealth};
@@ -43,9 +45,11 @@ pub struct Pipeline {
     /// The handler's config, for its nak delays ([`HandlerConfig::nak_delay`]).
     pub config: HandlerConfig,
     pub statement_timeout: Duration,
-    /// The retention window: a message published longer ago than this is
-    /// quarantined (ARCHITECTURE.md invariant 7).
+    /// The retention window: a message published longer ago than this
+    /// (on the broker's clock) is quarantined (ARCHITECTURE.md invariant 7).
     pub retention: Duration,
+    /// The broker's clock, which the retention window is measured on.
+    pub clock: Arc<BrokerClock>,
     /// PostgreSQL role the guest's statements run as (defence in depth), if set up.
     pub db_role: Option<String>,
     pub module: Arc<HandlerModule>,
@@ -84,6 +88,7 @@ impl Pipeline {
         runtime: Arc<Runtime>,
         db: Arc<Database>,
         health: Arc<DbHealth>,
+        clock: Arc<BrokerClock>,
     ) -> Self {
         let limits = Limits {
             deadline: cfg.deadline,
@@ -103,6 +108,7 @@ impl Pipeline {
             config: cfg.clone(),
             statement_timeout: cfg.statement_timeout(),
             retention: cfg.retention,
+            clock,
             db_role: None,
             guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
             module,
@@ -204,13 +210,6 @@ impl Pipeline {
             Err(reason) => return self.dead_letter(d, None, &reason).await,
         };
 
-        // Beyond the memory horizon: the receipt that would recognise this
-        // message may already be pruned, so it cannot be proven new. Quarantined
-        // before any receipt or guest code (ARCHITECTURE.md invariant 7).
-        if let Some(reason) = self.beyond_horizon(d.published_ms) {
-            return self.dead_letter(d, Some(&identity), &reason).await;
-        }
-
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
             Err(e) => return self.store_failed(d, &identity, "BEGIN", e).await,
@@ -220,9 +219,21 @@ impl Pipeline {
             message_id: &identity,
             stream_sequence: d.stream_sequence,
             module_digest: self.module.digest(),
+            published_ms: d.published_ms,
         };
         match tx.insert_receipt(&receipt).await {
             Ok(true) => {
+                // No receipt, but beyond the memory horizon: the receipt that
+                // would recognise this message may have been pruned, so it
+                // cannot be proven new; quarantined before any guest code
+                // (ARCHITECTURE.md invariant 7). Judged after the insert, so
+                // a prune that deleted the receipt before it is seen here.
+                if let Some(reason) = self.beyond_horizon(d.published_ms) {
+                    if let Err(e) = tx.rollback().await {
+                        tracing::warn!(handler = %self.name, %identity, error = %e, "rollback before quarantine failed");
+                    }
+                    return self.dead_letter(d, Some(&identity), &reason).await;
+                }
                 if let Some(role) = &self.db_role
                     && let Err(e) = tx.enter_handler_role(role).await
                 {
@@ -357,20 +368,15 @@ impl Pipeline {
     }
 
     /// `Some(reason)` when a message published at `published_ms` (Unix ms,
-    /// the broker's clock) is older than the retention window now.
+    /// the broker's clock) is older than the retention window by the
+    /// broker's clock now.
     fn beyond_horizon(&self, published_ms: i64) -> Option<String> {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        let age = Duration::from_millis(u64::try_from(now_ms.saturating_sub(published_ms)).ok()?);
-        (age > self.retention).then(|| {
-            format!(
-                "beyond-horizon: published {} ago, older than the retention window of {}; its receipt may be pruned, so it cannot be proven new",
-                humantime::format_duration(age),
-                humantime::format_duration(self.retention)
-            )
-        })
+        let age = broker_clock::beyond_horizon(published_ms, self.clock.now_ms(), self.retention)?;
+        Some(format!(
+            "beyond-horizon: published {} ago, older than the retention window of {}; its receipt may be pruned, so it cannot be proven new",
+            humantime::format_duration(Duration::from_secs(age.as_secs())),
+            humantime::format_duration(self.retention)
+        ))
     }
 
     async fn confirm_ack(&self, msg: &Message, identity: &str) {

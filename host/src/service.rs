@@ -5,6 +5,7 @@
 //! retention window (see [`crate::store::PruneLock`] for the one-pruner rule).
 
 use crate::broker::{self, Deliveries};
+use crate::broker_clock::{self, BrokerClock};
 use crate::config::Config;
 use crate::health::DbHealth;
 use crate::metrics::{HandlerStats, StatsSnapshot};
@@ -28,6 +29,9 @@ pub struct Host {
     /// Why the host stopped by itself (a handler's consumer lost for good),
     /// set at most once; see [`Host::failure`].
     failure: Arc<std::sync::OnceLock<String>>,
+    /// The broker's clock per stream (the stream leader's, which stamps its
+    /// messages), refreshed while running.
+    clocks: Vec<(String, Arc<BrokerClock>)>,
 }
 
 /// The consumers' `max_ack_pending` on the broker.
@@ -117,6 +121,7 @@ impl Host {
         let nats = broker::connect(&config.broker.url).await?;
         let js = &nats.js;
         let mut handlers = Vec::new();
+        let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
             let ensured = broker::ensure_consumer(js, h, MAX_ACK_PENDING).await?;
             if ensured.created && ensured.stored > 0 {
@@ -124,12 +129,29 @@ impl Host {
             }
             let consumer = ensured.consumer;
             check_horizon(js, h).await?;
+            let clock = match clocks.iter().find(|(s, _)| *s == h.stream) {
+                Some((_, c)) => c.clone(),
+                None => {
+                    let (broker_ms, at) = broker_clock::read(js, &h.stream)
+                        .await
+                        .with_context(|| format!("handler `{}`", h.name))?;
+                    let c = Arc::new(BrokerClock::new(broker_ms, at));
+                    clocks.push((h.stream.clone(), c.clone()));
+                    c
+                }
+            };
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
             if h.effective_pull_batch() != h.pull_batch {
                 tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
-            let mut pipeline =
-                Pipeline::new(h, module, runtime.clone(), db.clone(), health.clone());
+            let mut pipeline = Pipeline::new(
+                h,
+                module,
+                runtime.clone(),
+                db.clone(),
+                health.clone(),
+                clock,
+            );
             pipeline.db_role = match db.prepare_handler_role(&h.name, &h.tables).await {
                 Ok(role) => role,
                 Err(e) => {
@@ -147,6 +169,7 @@ impl Host {
             nats,
             stop,
             failure: Arc::default(),
+            clocks,
         })
     }
 
@@ -196,14 +219,17 @@ impl Host {
             self.db.clone(),
             self.handlers
                 .iter()
-                .map(|h| {
-                    (
-                        h.pipeline.name.clone(),
-                        h.pipeline.retention,
-                        h.pipeline.stats.clone(),
-                    )
+                .map(|h| PruneTarget {
+                    name: h.pipeline.name.clone(),
+                    retention: h.pipeline.retention,
+                    clock: h.pipeline.clock.clone(),
+                    stats: h.pipeline.stats.clone(),
                 })
                 .collect(),
+        ));
+        let clock_reader = tokio::spawn(read_clocks_forever(
+            self.nats.js.clone(),
+            self.clocks.clone(),
         ));
         let reporter = {
             let stats = stats.clone();
@@ -241,6 +267,7 @@ impl Host {
             let _ = t.await;
         }
         reporter.abort();
+        clock_reader.abort();
         pruner.abort();
         let _ = pruner.await;
         stats.into_iter().map(|(n, s)| (n, s.snapshot())).collect()
@@ -362,23 +389,41 @@ async fn check_horizon(
     )
 }
 
+/// One handler as the pruning task sees it.
+struct PruneTarget {
+    name: Arc<str>,
+    retention: Duration,
+    clock: Arc<BrokerClock>,
+    stats: Arc<HandlerStats>,
+}
+
 /// The pruning task: every [`prune_interval`], one pass over every handler
-/// (skipped while another host holds the prune lock), counted in each
-/// handler's `receipts_pruned`. Errors are logged; the next pass tries again.
-async fn prune_forever(db: Arc<Database>, handlers: Vec<(Arc<str>, Duration, Arc<HandlerStats>)>) {
-    let mut tick = tokio::time::interval(prune_interval(handlers.iter().map(|h| h.1)));
+/// (skipped while another host holds the prune lock), deleting receipts
+/// published before [`broker_clock::prune_cutoff`] of the broker's clock now,
+/// counted in each handler's `receipts_pruned`. Errors are logged; the next
+/// pass tries again.
+async fn prune_forever(db: Arc<Database>, handlers: Vec<PruneTarget>) {
+    let mut tick = tokio::time::interval(prune_interval(handlers.iter().map(|h| h.retention)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let targets: Vec<(&str, Duration)> = handlers.iter().map(|(n, r, _)| (&**n, *r)).collect();
     loop {
         tick.tick().await;
+        let targets: Vec<(&str, i64)> = handlers
+            .iter()
+            .map(|h| {
+                (
+                    &*h.name,
+                    broker_clock::prune_cutoff(h.clock.now_ms(), h.retention),
+                )
+            })
+            .collect();
         match db.prune_pass(&targets, PRUNE_BATCH).await {
             Ok(PrunePass::Pruned(counts)) => {
-                for ((name, _, stats), n) in handlers.iter().zip(counts) {
+                for (h, n) in handlers.iter().zip(counts) {
                     if n > 0 {
-                        stats
+                        h.stats
                             .receipts_pruned
                             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                        tracing::info!(handler = %name, pruned = n, "pruned receipts older than the retention window");
+                        tracing::info!(handler = %h.name, pruned = n, "pruned receipts older than the retention window");
                     }
                 }
             }
@@ -386,6 +431,30 @@ async fn prune_forever(db: Arc<Database>, handlers: Vec<(Arc<str>, Duration, Arc
                 tracing::debug!("another host holds the prune lock; pass skipped");
             }
             Err(e) => tracing::warn!(error = %e, "pruning receipts failed; retrying next pass"),
+        }
+    }
+}
+
+/// Reads the broker's clock again every [`broker_clock::REFRESH`], per
+/// stream. A failed reading keeps the last one, carried forward on the
+/// monotonic clock (logged at debug: the broker being away is reported by
+/// the consumers).
+async fn read_clocks_forever(
+    js: async_nats::jetstream::Context,
+    clocks: Vec<(String, Arc<BrokerClock>)>,
+) {
+    let mut tick = tokio::time::interval(broker_clock::REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        for (stream, clock) in &clocks {
+            match broker_clock::read(&js, stream).await {
+                Ok((broker_ms, at)) => clock.set(broker_ms, at),
+                Err(e) => {
+                    tracing::debug!(%stream, error = %e, "broker clock not read; the last reading goes on")
+                }
+            }
         }
     }
 }

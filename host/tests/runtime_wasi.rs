@@ -107,6 +107,7 @@ async fn process(
         message_id: &call.identity,
         stream_sequence: 1,
         module_digest: module.digest(),
+        published_ms: 1_700_000_000_000,
     };
     if !tx.insert_receipt(&receipt).await.unwrap() {
         tx.rollback().await.unwrap();

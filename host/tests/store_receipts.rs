@@ -57,6 +57,7 @@ fn receipt<'a>(consumer: &'a str, message_id: &'a str) -> Receipt<'a> {
         message_id,
         stream_sequence: 42,
         module_digest: "abc123",
+        published_ms: 1_700_000_000_000,
     }
 }
 
@@ -439,115 +440,4 @@ async fn connect_errors_are_one_line_without_password() {
             .unwrap();
         assert_eq!(sync, 2); // FULL
     }
-}
-
-/// The dead-letter table as idem created it before `published_ns`, with one
-/// row, in the database `db` names.
-const OLD_DEAD_LETTERS: &str = "CREATE TABLE idem_dead_letters (
-    id {serial} PRIMARY KEY,
-    consumer TEXT NOT NULL,
-    message_id TEXT,
-    stream TEXT NOT NULL,
-    stream_sequence BIGINT NOT NULL,
-    subject TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    headers TEXT NOT NULL,
-    payload {bytes} NOT NULL,
-    failed_at {time} NOT NULL DEFAULT {now},
-    UNIQUE (consumer, stream, stream_sequence)
-);
-INSERT INTO idem_dead_letters
-    (id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, failed_at)
-    VALUES (7, 'h', 'p1', 'S', 1, 's', 'rejected: old', '[]', {payload}, {failed_at});";
-
-/// A table from before `published_ns` is upgraded at start: its rows kept
-/// (ids too), and a message at a sequence it already holds, published
-/// after the stream was created again, gets its own row.
-async fn old_dead_letter_table_is_upgraded(db: &Database) {
-    db.prepare_host_tables().await.unwrap();
-    db.prepare_host_tables().await.unwrap();
-    let rows = db.dead_letters("h").await.unwrap();
-    assert_eq!(rows.len(), 1);
-    assert_eq!(
-        (
-            rows[0].id,
-            rows[0].message_id.as_deref(),
-            rows[0].stream_sequence,
-            rows[0].reason.as_str()
-        ),
-        (7, Some("p1"), 1, "rejected: old")
-    );
-    assert_eq!(rows[0].failed_at_ms, 1_700_000_000_000);
-    assert_eq!(rows[0].payload, b"{}".to_vec());
-    let p2 = DeadLetter {
-        consumer: "h",
-        message_id: Some("p2"),
-        stream: "S",
-        stream_sequence: 1,
-        published_ns: 1_800_000_000_000_000_000,
-        subject: "s",
-        reason: "rejected: new",
-        headers: &[],
-        payload: b"{}",
-    };
-    db.dead_letter(&p2).await.unwrap();
-    db.dead_letter(&p2).await.unwrap();
-    let rows = db.dead_letters("h").await.unwrap();
-    let got: Vec<_> = rows
-        .iter()
-        .map(|r| (r.id, r.message_id.as_deref(), r.stream_sequence))
-        .collect();
-    assert_eq!(got, vec![(7, Some("p1"), 1), (8, Some("p2"), 1)]);
-}
-
-#[tokio::test]
-async fn old_dead_letter_table_is_upgraded_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    let url = format!("sqlite://{}", path.display());
-    {
-        let old = Database::connect(&url, 1).await.unwrap();
-        raw(
-            &old,
-            &OLD_DEAD_LETTERS
-                .replace("{serial}", "INTEGER")
-                .replace(
-                    "PRIMARY KEY,\n    consumer",
-                    "PRIMARY KEY AUTOINCREMENT,\n    consumer",
-                )
-                .replace("{bytes}", "BLOB")
-                .replace("{time}", "INTEGER")
-                .replace("{now}", "(strftime('%s', 'now') * 1000)")
-                .replace("{payload}", "X'7B7D'")
-                .replace("{failed_at}", "1700000000000"),
-        )
-        .await;
-    }
-    let db = Database::connect(&url, 2).await.unwrap();
-    old_dead_letter_table_is_upgraded(&db).await;
-}
-
-#[tokio::test]
-async fn old_dead_letter_table_is_upgraded_pg() {
-    let schema = unique("upgrade");
-    let admin = pg().await;
-    raw(&admin, &format!("CREATE SCHEMA {schema}")).await;
-    let url = format!("{PG_URL}?options=-c%20search_path%3D{schema}");
-    let old = Database::connect(&url, 1).await.unwrap();
-    raw(
-        &old,
-        &OLD_DEAD_LETTERS
-            .replace("{serial}", "BIGSERIAL")
-            .replace("{bytes}", "BYTEA")
-            .replace("{time}", "TIMESTAMPTZ")
-            .replace("{now}", "now()")
-            .replace("{payload}", "'\\x7b7d'")
-            .replace("{failed_at}", "to_timestamp(1700000000)"),
-    )
-    .await;
-    // As before the upgrade: the next id comes from the serial's sequence.
-    raw(&old, "SELECT setval('idem_dead_letters_id_seq', 7)").await;
-    let db = Database::connect(&url, 2).await.unwrap();
-    old_dead_letter_table_is_upgraded(&db).await;
-    raw(&admin, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }

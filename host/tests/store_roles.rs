@@ -74,6 +74,7 @@ async fn handler_role_holds_only_its_granted_tables() {
         message_id: "m1",
         stream_sequence: 1,
         module_digest: "d",
+        published_ms: 1_700_000_000_000,
     };
     assert!(tx.insert_receipt(&receipt).await.unwrap());
     tx.enter_handler_role(&role).await.unwrap();

@@ -488,6 +488,7 @@ async fn receipt_survives_guest_errors(db: &Database, t: &str) {
         message_id: "m1",
         stream_sequence: 1,
         module_digest: "d",
+        published_ms: 1_700_000_000_000,
     };
     assert!(tx.insert_receipt(&receipt).await.unwrap());
     let ins = check(

@@ -374,6 +374,20 @@ impl HostProcess {
     /// Starts `bin run --config config` with `IDEM_FAULT=fault` (if not
     /// empty); output goes to `dir/NAME.log` and `dir/NAME.out`.
     pub fn spawn(bin: &Path, config: &Path, fault: &str, dir: &Path, name: &str) -> Self {
+        let fault_env = [("IDEM_FAULT", fault)];
+        let env: &[(&str, &str)] = if fault.is_empty() { &[] } else { &fault_env };
+        Self::spawn_with_env(bin, config, env, dir, name)
+    }
+
+    /// [`HostProcess::spawn`] with the environment variables `env` set
+    /// (`IDEM_FAULT` is removed unless it is one of them).
+    pub fn spawn_with_env(
+        bin: &Path,
+        config: &Path,
+        env: &[(&str, &str)],
+        dir: &Path,
+        name: &str,
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let out = dir.join(format!("{name}.out"));
         let mut cmd = Command::new(bin);
@@ -386,11 +400,8 @@ impl HostProcess {
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&log).unwrap());
-        if fault.is_empty() {
-            cmd.env_remove("IDEM_FAULT");
-        } else {
-            cmd.env("IDEM_FAULT", fault);
-        }
+        cmd.env_remove("IDEM_FAULT");
+        cmd.envs(env.iter().copied());
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));

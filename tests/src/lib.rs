@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod chaos;
+pub mod clock;
 pub mod examples;
 pub mod pg_cluster;
 

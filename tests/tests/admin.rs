@@ -515,14 +515,15 @@ async fn forget_then_republish_runs_again(backend: Backend) {
         mask_recent_times(&shown),
         format!(
             "handler: behave\nmessage id: evt_f\nstream sequence: 1\nmodule digest: {digest}\n\
-             processed at: YYYY-MM-DDThh:mm:ssZ\n"
+             published at: YYYY-MM-DDThh:mm:ssZ\nprocessed at: YYYY-MM-DDThh:mm:ssZ\n"
         )
     );
     let summary = ok(&cfg, &["receipts", "show", "--handler", "behave"]).await;
     assert_eq!(
         mask_recent_times(&summary),
-        "handler: behave\nreceipts: 1\noldest: YYYY-MM-DDThh:mm:ssZ\n\
-         newest: YYYY-MM-DDThh:mm:ssZ\nretention: 7days (older receipts are pruned)\n"
+        "handler: behave\nreceipts: 1\noldest: YYYY-MM-DDThh:mm:ssZ (published)\n\
+         newest: YYYY-MM-DDThh:mm:ssZ (published)\n\
+         retention: 7days (receipts of messages published earlier are pruned)\n"
     );
 
     let (code, out, err) = idem(
@@ -584,17 +585,6 @@ on_both_databases!(
     forget_then_republish_runs_again
 );
 
-/// A SQL expression for "`secs` seconds ago" in `processed_at`'s type.
-fn ago(backend: Backend, secs: i64) -> String {
-    match backend {
-        Backend::Postgres => format!("now() - interval '{secs} seconds'"),
-        Backend::Sqlite => format!(
-            "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - {}",
-            secs * 1000
-        ),
-    }
-}
-
 /// A SQL expression for Unix time `secs` in `processed_at`'s / `failed_at`'s type.
 fn at(backend: Backend, secs: i64) -> String {
     match backend {
@@ -603,10 +593,14 @@ fn at(backend: Backend, secs: i64) -> String {
     }
 }
 
-async fn receipt_at(db: &TestDb, consumer: &str, id: &str, seq: i64, when: &str) {
+/// A receipt for a message published (and processed) at Unix time `secs`.
+async fn receipt_at(db: &TestDb, consumer: &str, id: &str, seq: i64, secs: i64) {
     db.execute(&format!(
-        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, processed_at)
-         VALUES ('{consumer}', '{id}', {seq}, 'digest-{id}', {when})"
+        "INSERT INTO idem_receipts
+           (consumer, message_id, stream_sequence, module_digest, processed_at, published_ms)
+         VALUES ('{consumer}', '{id}', {seq}, 'digest-{id}', {}, {})",
+        at(db.backend, secs),
+        secs * 1000
     ))
     .await;
 }
@@ -632,24 +626,27 @@ async fn receipts_show_and_prune(backend: Backend) {
     };
     let cfg = write_config(e.dir.path(), &e.nats, &e.db, &[behave, other]);
     e.host_tables().await;
-    let b = backend;
-    receipt_at(&e.db, "behave", "r1", 11, &at(b, T0)).await;
-    receipt_at(&e.db, "behave", "r2", 12, &at(b, T0 + 60)).await;
-    receipt_at(&e.db, "behave", "r3", 13, &ago(b, 7200)).await;
-    receipt_at(&e.db, "behave", "r4", 14, &ago(b, 1800)).await;
-    receipt_at(&e.db, "behave", "r_future", 15, &at(b, FUTURE)).await;
-    receipt_at(&e.db, "other", "o_4h", 21, &ago(b, 4 * 3600)).await;
-    receipt_at(&e.db, "other", "o_2h", 22, &ago(b, 2 * 3600)).await;
+    // Pruning reads the broker's clock from the handlers' stream.
+    create_stream(&e.nats, "ACCOUNTS", &["accounts.credit"]).await;
+    let now = now_secs();
+    receipt_at(&e.db, "behave", "r1", 11, T0).await;
+    receipt_at(&e.db, "behave", "r2", 12, T0 + 60).await;
+    receipt_at(&e.db, "behave", "r3", 13, now - 7200).await;
+    receipt_at(&e.db, "behave", "r4", 14, now - 1800).await;
+    receipt_at(&e.db, "behave", "r_future", 15, FUTURE).await;
+    receipt_at(&e.db, "other", "o_4h", 21, now - 4 * 3600).await;
+    receipt_at(&e.db, "other", "o_2h", 22, now - 2 * 3600).await;
 
     assert_eq!(
         ok(&cfg, &["receipts", "show", "--handler", "behave"]).await,
-        "handler: behave\nreceipts: 5\noldest: 2023-11-14T22:13:20Z\n\
-         newest: 2100-01-01T00:00:00Z\nretention: 1h (older receipts are pruned)\n"
+        "handler: behave\nreceipts: 5\noldest: 2023-11-14T22:13:20Z (published)\n\
+         newest: 2100-01-01T00:00:00Z (published)\n\
+         retention: 1h (receipts of messages published earlier are pruned)\n"
     );
     assert_eq!(
         ok(&cfg, &["receipts", "show", "--handler", "behave", "r2"]).await,
         "handler: behave\nmessage id: r2\nstream sequence: 12\nmodule digest: digest-r2\n\
-         processed at: 2023-11-14T22:14:20Z\n"
+         published at: 2023-11-14T22:14:20Z\nprocessed at: 2023-11-14T22:14:20Z\n"
     );
     fails(
         &cfg,
@@ -705,7 +702,8 @@ async fn receipts_show_and_prune(backend: Backend) {
     assert!(
         summary.starts_with("handler: behave\nreceipts: 2\noldest: ")
             && summary.ends_with(
-                "\nnewest: 2100-01-01T00:00:00Z\nretention: 1h (older receipts are pruned)\n"
+                " (published)\nnewest: 2100-01-01T00:00:00Z (published)\n\
+                 retention: 1h (receipts of messages published earlier are pruned)\n"
             ),
         "{summary}"
     );

@@ -78,8 +78,8 @@ async fn host_tables(backend: Backend) {
         ),
         host_table(
             "sql",
-            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest) \
-             VALUES ('hostile', 'evt_ok', 1, 'x')",
+            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) \
+             VALUES ('hostile', 'evt_ok', 1, 'x', 0)",
             "idem_receipts",
         ),
         host_table("query", "SELECT * FROM \"idem_receipts\"", "idem_receipts"),

@@ -7,33 +7,30 @@
 use idem::config::Config;
 use idem::service::Host;
 use idem::store::{Database, PRUNE_LOCK_KEY, PrunePass};
+use idem_tests::examples::now_ms;
 use idem_tests::*;
 use std::time::{Duration, Instant};
 
 const SUBJECT: &str = "accounts.credit";
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// A SQL expression for "`secs` seconds ago" in `processed_at`'s type.
-fn ago(backend: Backend, secs: i64) -> String {
-    match backend {
-        Backend::Postgres => format!("now() - interval '{secs} seconds'"),
-        Backend::Sqlite => format!(
-            "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - {}",
-            secs * 1000
-        ),
-    }
-}
-
-/// Inserts receipts `ids` for `consumer`, processed `secs` seconds ago.
+/// Inserts receipts `ids` for `consumer`, of messages published `secs`
+/// seconds ago (this machine's clock stands in for the broker's here: the
+/// cutoffs below are computed on it too).
 async fn receipts_at(db: &TestDb, consumer: &str, ids: &[&str], secs: i64) {
     for id in ids {
         db.execute(&format!(
-            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, processed_at)
+            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms)
              VALUES ('{consumer}', '{id}', 1, 'digest', {})",
-            ago(db.backend, secs)
+            now_ms() - secs * 1000
         ))
         .await;
     }
+}
+
+/// The prune cutoff "published more than `window` ago", Unix ms.
+fn before(window: Duration) -> i64 {
+    now_ms() - i64::try_from(window.as_millis()).unwrap()
 }
 
 async fn store(db: &TestDb) -> Database {
@@ -52,29 +49,29 @@ async fn prune_deletes_only_old_receipts_in_batches(backend: Backend) {
     receipts_at(&db, "b", &["b1", "b2", "b3"], 7200).await;
 
     // Batches of 2: 2 + 2 + 1.
-    assert_eq!(store.prune_receipts("a", HOUR, 2).await.unwrap(), 5);
+    assert_eq!(store.prune_receipts("a", before(HOUR), 2).await.unwrap(), 5);
     assert_eq!(db.receipt_ids("a").await, ["a_new1", "a_new2", "a_recent"]);
     assert_eq!(db.receipts("b").await, 3);
     // A second pass finds nothing.
-    assert_eq!(store.prune_receipts("a", HOUR, 2).await.unwrap(), 0);
+    assert_eq!(store.prune_receipts("a", before(HOUR), 2).await.unwrap(), 0);
     // A shorter window reaches the 30-minute-old receipt, and only it.
     assert_eq!(
         store
-            .prune_receipts("a", Duration::from_secs(900), 1000)
+            .prune_receipts("a", before(Duration::from_secs(900)), 1000)
             .await
             .unwrap(),
         1
     );
     assert_eq!(db.receipt_ids("a").await, ["a_new1", "a_new2"]);
     // An exact multiple of the batch: 3 = 1 + 1 + 1, then an empty statement.
-    assert_eq!(store.prune_receipts("b", HOUR, 1).await.unwrap(), 3);
+    assert_eq!(store.prune_receipts("b", before(HOUR), 1).await.unwrap(), 3);
     assert_eq!(db.receipts("b").await, 0);
     assert_eq!(db.receipts("a").await, 2);
     // A pass over several handlers reports each one's count, in order.
     receipts_at(&db, "b", &["b4", "b5"], 7200).await;
     assert_eq!(
         store
-            .prune_pass(&[("a", HOUR), ("b", HOUR)], 1000)
+            .prune_pass(&[("a", before(HOUR)), ("b", before(HOUR))], 1000)
             .await
             .unwrap(),
         PrunePass::Pruned(vec![0, 2])
@@ -95,7 +92,7 @@ async fn one_pruner_at_a_time_postgres() {
     let a = store(&db).await;
     let b = store(&db).await;
     receipts_at(&db, "c", &["c1", "c2", "c3"], 7200).await;
-    let targets = [("c", HOUR)];
+    let targets = [("c", before(HOUR))];
 
     // Someone else (this test's own session) holds the lock: both skip.
     let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();

@@ -184,6 +184,7 @@ mod tests {
             headers: vec![("Nats-Msg-Id".into(), "m1".into())],
             payload: payload.to_vec(),
             failed_at_ms: 0,
+            published_ns: 0,
         }
     }
 

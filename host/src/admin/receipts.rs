@@ -2,14 +2,17 @@
 //! pruning pass now, or forget receipts for a deliberate reprocess.
 
 use super::{count, printable, time};
-use crate::config::Config;
+use crate::broker_clock::{self, BrokerClock};
+use crate::config::{Config, HandlerConfig};
 use crate::service::PRUNE_BATCH;
 use crate::store::{Database, PrunePass, ReceiptRow, ReceiptSummary};
+use anyhow::Context as _;
 use std::path::Path;
 use std::time::Duration;
 
 /// `idem receipts show --handler NAME`: how many receipts, the oldest and
-/// newest `processed_at`, and the retention window from the config.
+/// newest publish time of their messages (the broker's clock, which the
+/// retention window is measured on), and the retention window from the config.
 /// With `MESSAGE_ID`: that receipt's fields; none is an error (exit 1, so a
 /// script can test for it), since the message then counts as never processed.
 pub async fn show(config_path: &Path, name: &str, message_id: Option<&str>) -> anyhow::Result<()> {
@@ -52,7 +55,7 @@ async fn show_on(
 pub fn summary_text(name: &str, s: &ReceiptSummary, retention: Duration) -> String {
     let when = |ms: Option<i64>| ms.map_or("-".to_string(), time);
     format!(
-        "handler: {}\nreceipts: {}\noldest: {}\nnewest: {}\nretention: {} (older receipts are pruned)\n",
+        "handler: {}\nreceipts: {}\noldest: {} (published)\nnewest: {} (published)\nretention: {} (receipts of messages published earlier are pruned)\n",
         printable(name),
         s.count,
         when(s.oldest_ms),
@@ -64,19 +67,22 @@ pub fn summary_text(name: &str, s: &ReceiptSummary, retention: Duration) -> Stri
 /// What `idem receipts show --handler NAME MESSAGE_ID` prints.
 pub fn receipt_text(r: &ReceiptRow) -> String {
     format!(
-        "handler: {}\nmessage id: {}\nstream sequence: {}\nmodule digest: {}\nprocessed at: {}\n",
+        "handler: {}\nmessage id: {}\nstream sequence: {}\nmodule digest: {}\npublished at: {}\nprocessed at: {}\n",
         printable(&r.consumer),
         printable(&r.message_id),
         r.stream_sequence,
         r.module_digest,
+        time(r.published_ms),
         time(r.processed_at_ms)
     )
 }
 
 /// `idem receipts prune [--handler NAME]`: one pruning pass now, as the
 /// host's pruning task runs it (batches of [`PRUNE_BATCH`], under the prune
-/// lock), over every configured handler or one. Another host holding the
-/// lock is an error (nothing pruned; it is pruning now, run again later).
+/// lock, against the broker's clock read from each handler's stream), over
+/// every configured handler or one. Another host holding the lock is an
+/// error (nothing pruned; it is pruning now, run again later); so is a
+/// broker whose clock cannot be read (nothing pruned).
 pub async fn prune(config_path: &Path, name: Option<&str>) -> anyhow::Result<()> {
     let (config, db) = super::open(config_path).await?;
     let result = prune_on(&config, config_path, &db, name).await;
@@ -90,20 +96,28 @@ async fn prune_on(
     db: &Database,
     name: Option<&str>,
 ) -> anyhow::Result<()> {
-    let targets: Vec<(&str, Duration)> = match name {
-        Some(n) => {
-            let h = super::handler(config, config_path, n)?;
-            vec![(h.name.as_str(), h.retention)]
-        }
-        None => config
-            .handlers
-            .iter()
-            .map(|h| (h.name.as_str(), h.retention))
-            .collect(),
+    let handlers: Vec<&HandlerConfig> = match name {
+        Some(n) => vec![super::handler(config, config_path, n)?],
+        None => config.handlers.iter().collect(),
     };
+    let broker = crate::broker::connect(&config.broker.url).await?;
+    let mut targets: Vec<(&str, i64)> = Vec::with_capacity(handlers.len());
+    for h in &handlers {
+        let (broker_ms, at) = broker_clock::read(&broker.js, &h.stream)
+            .await
+            .with_context(|| {
+                format!(
+                    "handler `{}`: the retention window is measured on the broker's clock; nothing pruned",
+                    printable(&h.name)
+                )
+            })?;
+        let now_ms = BrokerClock::new(broker_ms, at).now_ms();
+        targets.push((&h.name, broker_clock::prune_cutoff(now_ms, h.retention)));
+    }
     match db.prune_pass(&targets, PRUNE_BATCH).await? {
         PrunePass::Pruned(counts) => {
-            for ((handler, retention), n) in targets.iter().zip(counts) {
+            for (h, n) in handlers.iter().zip(counts) {
+                let (handler, retention) = (&h.name, &h.retention);
                 println!(
                     "handler {}: pruned {} older than {}",
                     printable(handler),

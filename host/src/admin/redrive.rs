@@ -20,6 +20,7 @@
 //! is not stored; it is no earlier than that).
 
 use super::{count, printable};
+use crate::broker_clock::BrokerClock;
 use crate::config::{Config, HandlerConfig};
 use crate::health::DbHealth;
 use crate::pipeline::Pipeline;
@@ -63,7 +64,11 @@ impl Redriver {
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
         let stop = tokio::sync::watch::Sender::new(true);
         let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
-        let mut pipeline = Pipeline::new(handler, module, runtime, db.clone(), health);
+        // A redrive is the operator's decision: it never judges the horizon,
+        // so the broker's clock is not read (admin commands never contact the
+        // broker); this stand-in is never consulted.
+        let clock = Arc::new(BrokerClock::new(0, std::time::Instant::now()));
+        let mut pipeline = Pipeline::new(handler, module, runtime, db.clone(), health, clock);
         pipeline.db_role = match db
             .prepare_handler_role(&handler.name, &handler.tables)
             .await
@@ -101,6 +106,7 @@ impl Redriver {
             message_id: identity,
             stream_sequence: row.stream_sequence,
             module_digest: p.module.digest(),
+            published_ms: receipt_published_ms(&row),
         };
         if !tx.insert_receipt(&receipt).await? {
             return Ok(match tx.commit().await {
@@ -118,6 +124,18 @@ impl Redriver {
             }),
             Err((failure, _rollback)) => Ok(Redriven::Failed(failure.reason())),
         }
+    }
+}
+
+/// The publish time a redrive's receipt keeps (Unix ms, the broker's
+/// clock), which pruning measures it by: the message's own, or, for a row
+/// from before idem recorded it, when it was dead-lettered (later, so the
+/// receipt is kept at least as long).
+fn receipt_published_ms(row: &DeadLetterRow) -> i64 {
+    if row.published_ns > 0 {
+        row.published_ns.div_euclid(1_000_000)
+    } else {
+        row.failed_at_ms
     }
 }
 

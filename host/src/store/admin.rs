@@ -19,19 +19,22 @@ pub struct ReceiptRow {
     pub stream_sequence: u64,
     /// Hex SHA-256 of the component that produced the effect.
     pub module_digest: String,
-    /// When the effect committed, in milliseconds since the Unix epoch.
+    /// When the effect committed, in milliseconds since the Unix epoch (database clock).
     pub processed_at_ms: i64,
+    /// When the broker stored the message, Unix ms (broker's clock): what
+    /// the retention window measures this receipt by.
+    pub published_ms: i64,
 }
 
-/// How many receipts one consumer has and their time span, from
-/// [`Database::receipt_summary`].
+/// How many receipts one consumer has and the span of their messages'
+/// publish times, from [`Database::receipt_summary`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiptSummary {
     /// Committed receipts.
     pub count: u64,
-    /// The oldest `processed_at`, Unix ms; `None` without receipts.
+    /// The oldest `published_ms` (broker's clock, Unix ms); `None` without receipts.
     pub oldest_ms: Option<i64>,
-    /// The newest `processed_at`, Unix ms; `None` without receipts.
+    /// The newest `published_ms` (broker's clock, Unix ms); `None` without receipts.
     pub newest_ms: Option<i64>,
 }
 
@@ -39,11 +42,11 @@ pub struct ReceiptSummary {
 macro_rules! dead_letter_columns {
     (postgres) => {
         "id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, \
-         (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms"
+         (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms, published_ns"
     };
     (sqlite) => {
         "id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, \
-         failed_at AS failed_at_ms"
+         failed_at AS failed_at_ms, published_ns"
     };
 }
 
@@ -72,6 +75,7 @@ macro_rules! decode_dead_letter {
             headers: decode_headers(row.try_get("headers")?)?,
             payload: row.try_get("payload")?,
             failed_at_ms: row.try_get("failed_at_ms")?,
+            published_ns: row.try_get("published_ns")?,
         })
     }};
 }
@@ -250,12 +254,12 @@ impl Database {
         consumer: &str,
         message_id: &str,
     ) -> Result<Option<ReceiptRow>, StoreError> {
-        let row: Option<(i64, String, i64)> = match self {
+        let row: Option<(i64, String, i64, i64)> = match self {
             Database::Postgres(pool) => {
                 sqlx::query_as(concat!(
                     "SELECT stream_sequence, module_digest, ",
                     millis!(postgres, "processed_at"),
-                    " FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
+                    ", published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
                 ))
                 .bind(consumer)
                 .bind(message_id)
@@ -266,7 +270,7 @@ impl Database {
                 sqlx::query_as(concat!(
                     "SELECT stream_sequence, module_digest, ",
                     millis!(sqlite, "processed_at"),
-                    " FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
+                    ", published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
                 ))
                 .bind(consumer)
                 .bind(message_id)
@@ -274,43 +278,36 @@ impl Database {
                 .await?
             }
         };
-        Ok(row.map(|(seq, module_digest, processed_at_ms)| ReceiptRow {
-            consumer: consumer.to_owned(),
-            message_id: message_id.to_owned(),
-            stream_sequence: u64::try_from(seq).unwrap_or(0),
-            module_digest,
-            processed_at_ms,
-        }))
+        Ok(row.map(
+            |(seq, module_digest, processed_at_ms, published_ms)| ReceiptRow {
+                consumer: consumer.to_owned(),
+                message_id: message_id.to_owned(),
+                stream_sequence: u64::try_from(seq).unwrap_or(0),
+                module_digest,
+                processed_at_ms,
+                published_ms,
+            },
+        ))
     }
 
     /// How many receipts `consumer` has, and the oldest and newest
-    /// `processed_at` among them (one statement, by the
-    /// `(consumer, processed_at)` index).
+    /// `published_ms` among them (one statement, by the
+    /// `(consumer, published_ms)` index).
     pub async fn receipt_summary(&self, consumer: &str) -> Result<ReceiptSummary, StoreError> {
+        const SUMMARY: &str = "SELECT count(*), min(published_ms), max(published_ms)
+                               FROM idem_receipts WHERE consumer = $1";
         let (count, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) = match self {
             Database::Postgres(pool) => {
-                sqlx::query_as(concat!(
-                    "SELECT count(*), ",
-                    millis!(postgres, "min(processed_at)"),
-                    ", ",
-                    millis!(postgres, "max(processed_at)"),
-                    " FROM idem_receipts WHERE consumer = $1"
-                ))
-                .bind(consumer)
-                .fetch_one(pool)
-                .await?
+                sqlx::query_as(SUMMARY)
+                    .bind(consumer)
+                    .fetch_one(pool)
+                    .await?
             }
             Database::Sqlite(pool) => {
-                sqlx::query_as(concat!(
-                    "SELECT count(*), ",
-                    millis!(sqlite, "min(processed_at)"),
-                    ", ",
-                    millis!(sqlite, "max(processed_at)"),
-                    " FROM idem_receipts WHERE consumer = $1"
-                ))
-                .bind(consumer)
-                .fetch_one(pool)
-                .await?
+                sqlx::query_as(SUMMARY)
+                    .bind(consumer)
+                    .fetch_one(pool)
+                    .await?
             }
         };
         Ok(ReceiptSummary {

@@ -3,11 +3,12 @@
 //!
 //! Host tables (created at start by [`Database::prepare_host_tables`], never
 //! reachable from a guest: the SQL guard refuses every `idem_*` name):
-//! - `idem_receipts(consumer, message_id, stream_sequence, module_digest, processed_at)`,
-//!   primary key `(consumer, message_id)`: the processed-message marker.
-//!   `processed_at` is `timestamptz` on PostgreSQL and Unix milliseconds
-//!   (`INTEGER`) on SQLite, set by the database; indexed by `(consumer, processed_at)`
-//!   for pruning (module `retention`).
+//! - `idem_receipts(consumer, message_id, stream_sequence, module_digest, processed_at,
+//!   published_ms)`, primary key `(consumer, message_id)`: the processed-message
+//!   marker. `published_ms` is the message's publish time on the broker's
+//!   clock (Unix ms), indexed by `(consumer, published_ms)` for pruning (module
+//!   `retention`, [`crate::broker_clock`]); `processed_at` is informational, set by
+//!   the database (`timestamptz` on PostgreSQL, Unix ms `INTEGER` on SQLite).
 //! - `idem_dead_letters(id, consumer, message_id NULL, stream, stream_sequence, subject,
 //!   reason, headers (JSON text), payload, failed_at, published_ns)`, unique
 //!   `(consumer, stream, stream_sequence, published_ns)` so that dead-lettering
@@ -56,6 +57,10 @@ pub struct Receipt<'a> {
     pub stream_sequence: u64,
     /// Hex SHA-256 of the component bytes that handle the message.
     pub module_digest: &'a str,
+    /// When the broker stored the message, Unix ms on the broker's clock
+    /// (JetStream's `published` metadata): what the retention window is
+    /// measured on ([`crate::broker_clock`]).
+    pub published_ms: i64,
 }
 
 /// A message the host gave up on, with the reason. Written in its own
@@ -110,6 +115,9 @@ pub struct DeadLetterRow {
     pub payload: Vec<u8>,
     /// When the row was written, in milliseconds since the Unix epoch (database clock).
     pub failed_at_ms: i64,
+    /// When the broker stored the message, ns since the Unix epoch (broker's
+    /// clock); 0 for a row written before idem recorded it.
+    pub published_ns: i64,
 }
 
 /// Which database a URL names; also picks the SQL dialect the guard parses with.

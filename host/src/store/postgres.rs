@@ -18,20 +18,26 @@ use sqlx::query::Query;
 use sqlx::{Column as _, Decode, Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
 use std::time::Duration;
 
-const HOST_TABLES: [&str; 7] = [
+/// Where `idem_receipts` is created in [`HOST_TABLES`]: [`upgrade_receipts`]
+/// runs right after it.
+const RECEIPTS_DDL: usize = 0;
+
+const HOST_TABLES: [&str; 8] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
         stream_sequence BIGINT NOT NULL,
         module_digest TEXT NOT NULL,
         processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        published_ms BIGINT NOT NULL,
         PRIMARY KEY (consumer, message_id)
     )",
-    // Pruning reads one consumer's oldest receipts (store::retention).
-    "CREATE INDEX IF NOT EXISTS idem_receipts_consumer_processed_at
-        ON idem_receipts (consumer, processed_at)",
-    // Superseded by the index above; only costs inserts.
+    // Pruning reads one consumer's oldest receipts by publish time (store::retention).
+    "CREATE INDEX IF NOT EXISTS idem_receipts_consumer_published_ms
+        ON idem_receipts (consumer, published_ms)",
+    // Superseded by the index above; they only cost inserts.
     "DROP INDEX IF EXISTS idem_receipts_processed_at",
+    "DROP INDEX IF EXISTS idem_receipts_consumer_processed_at",
     "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id BIGSERIAL PRIMARY KEY,
         consumer TEXT NOT NULL,
@@ -101,10 +107,42 @@ pub(super) async fn prepare_host_tables(pool: &PgPool) -> Result<(), sqlx::Error
         .bind(super::advisory::HOST_TABLES)
         .execute(&mut *tx)
         .await?;
-    for ddl in HOST_TABLES {
-        sqlx::query(ddl).execute(&mut *tx).await?;
+    for (i, ddl) in HOST_TABLES.iter().enumerate() {
+        sqlx::query(*ddl).execute(&mut *tx).await?;
+        if i == RECEIPTS_DDL {
+            upgrade_receipts(&mut tx).await?;
+        }
     }
     tx.commit().await
+}
+
+/// A receipts table from before `published_ms` gets the column, each row
+/// set to its `processed_at` (never earlier than its message's publish
+/// time, give or take the skew between the database's and the broker's
+/// clocks, once), inside the caller's transaction. Checked in the catalog
+/// first, so a current table costs no scan. A no-op on a current table.
+async fn upgrade_receipts(tx: &mut Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+    let current: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+                        WHERE attrelid = 'idem_receipts'::regclass
+                          AND attname = 'published_ms' AND NOT attisdropped)",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if current {
+        return Ok(());
+    }
+    for step in [
+        "ALTER TABLE idem_receipts ADD COLUMN published_ms BIGINT NOT NULL DEFAULT 0",
+        "UPDATE idem_receipts SET published_ms = (extract(epoch FROM processed_at) * 1000)::bigint",
+        "ALTER TABLE idem_receipts ALTER COLUMN published_ms DROP DEFAULT",
+    ] {
+        sqlx::query(step).execute(&mut **tx).await?;
+    }
+    tracing::info!(
+        "idem_receipts upgraded: receipts keep their message's publish time (published_ms), set to processed_at for the rows it held"
+    );
+    Ok(())
 }
 
 /// See [`super::Tx::row_functions`]. A function with defaults counts when
@@ -139,13 +177,14 @@ pub(super) async fn insert_receipt(
     seq: i64,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest)
-         VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
+        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING",
     )
     .bind(r.consumer)
     .bind(r.message_id)
     .bind(seq)
     .bind(r.module_digest)
+    .bind(r.published_ms)
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -1,8 +1,9 @@
-//! The retention window (ARCHITECTURE.md invariant 7): receipts older than a handler's `retention` are
-//! deleted, in small batches, by one host at a time.
+//! The retention window (ARCHITECTURE.md invariant 7): receipts of messages
+//! published before a cutoff are deleted, in small batches, by one host at a
+//! time.
 //!
 //! - Each batch is one `DELETE` of at most `batch` rows by primary key, chosen
-//!   through the `(consumer, processed_at)` index, in its own (autocommit)
+//!   through the `(consumer, published_ms)` index, in its own (autocommit)
 //!   transaction: no long locks, no table scan, and the message path (receipt
 //!   inserts) only ever waits for one short batch.
 //! - PostgreSQL: a pass runs only while its host holds the session advisory
@@ -10,8 +11,9 @@
 //!   hosts never prune side by side; a host that does not get it skips the pass.
 //! - SQLite has one writer anyway: [`Database::try_prune_lock`] always succeeds.
 //!
-//! Age is measured on the database's clock (`now()`, or SQLite's
-//! `julianday('now')`), the same clock that set `processed_at`.
+//! The cutoff is a Unix ms on the broker's clock, the clock `published_ms`
+//! was stamped on; the caller computes it ([`crate::broker_clock::prune_cutoff`]).
+//! Neither this host's clock nor the database's takes part.
 
 use super::{Database, StoreError};
 use sqlx::Postgres;
@@ -73,30 +75,32 @@ impl Drop for PruneLock {
 }
 
 impl Database {
-    /// Deletes `consumer`'s receipts whose `processed_at` is more than
-    /// `older_than` ago, `batch` rows per statement (each its own short
-    /// transaction) until a statement deletes fewer than `batch`. Returns how
-    /// many were deleted. Takes no lock: see [`Database::prune_pass`].
+    /// Deletes `consumer`'s receipts whose `published_ms` is below
+    /// `published_before_ms` (Unix ms, the broker's clock), `batch` rows per
+    /// statement (each its own short transaction) until a statement deletes
+    /// fewer than `batch`. Returns how many were deleted. Takes no lock: see
+    /// [`Database::prune_pass`].
+    ///
+    /// # Errors
+    /// A database error, after the batches before it were deleted.
     pub async fn prune_receipts(
         &self,
         consumer: &str,
-        older_than: Duration,
+        published_before_ms: i64,
         batch: u32,
     ) -> Result<u64, StoreError> {
         let batch = batch.max(1);
-        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
         let mut total = 0u64;
         loop {
             let deleted = match self {
                 Database::Postgres(pool) => sqlx::query(
                     "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
                          SELECT message_id FROM idem_receipts
-                         WHERE consumer = $1
-                           AND processed_at < now() - $2::bigint * interval '1 millisecond'
+                         WHERE consumer = $1 AND published_ms < $2
                          LIMIT $3)",
                 )
                 .bind(consumer)
-                .bind(age_ms)
+                .bind(published_before_ms)
                 .bind(i64::from(batch))
                 .execute(pool)
                 .await?
@@ -104,13 +108,11 @@ impl Database {
                 Database::Sqlite(pool) => sqlx::query(
                     "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
                          SELECT message_id FROM idem_receipts
-                         WHERE consumer = $1
-                           AND processed_at <
-                               CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - $2
+                         WHERE consumer = $1 AND published_ms < $2
                          LIMIT $3)",
                 )
                 .bind(consumer)
-                .bind(age_ms)
+                .bind(published_before_ms)
                 .bind(i64::from(batch))
                 .execute(pool)
                 .await?
@@ -142,18 +144,24 @@ impl Database {
 
     /// One pruning pass: under [`Database::try_prune_lock`] (skipped when
     /// another host holds it), [`Database::prune_receipts`] for every
-    /// `(consumer, retention)` target.
+    /// `(consumer, published_before_ms)` target.
+    ///
+    /// # Errors
+    /// A database error; the lock is released when the pass ends either way.
     pub async fn prune_pass(
         &self,
-        targets: &[(&str, Duration)],
+        targets: &[(&str, i64)],
         batch: u32,
     ) -> Result<PrunePass, StoreError> {
         let Some(lock) = self.try_prune_lock().await? else {
             return Ok(PrunePass::Skipped);
         };
         let mut pruned = Vec::with_capacity(targets.len());
-        for (consumer, retention) in targets {
-            pruned.push(self.prune_receipts(consumer, *retention, batch).await?);
+        for (consumer, published_before_ms) in targets {
+            pruned.push(
+                self.prune_receipts(consumer, *published_before_ms, batch)
+                    .await?,
+            );
         }
         lock.release().await?;
         Ok(PrunePass::Pruned(pruned))

@@ -27,7 +27,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 5] = [
+const HOST_TABLES: [&str; 6] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -37,14 +37,16 @@ const HOST_TABLES: [&str; 5] = [
         processed_at INTEGER NOT NULL DEFAULT ",
         now_ms!(),
         ",
+        published_ms INTEGER NOT NULL,
         PRIMARY KEY (consumer, message_id)
     ) WITHOUT ROWID"
     ),
-    // Pruning reads one consumer's oldest receipts (store::retention).
-    "CREATE INDEX IF NOT EXISTS idem_receipts_consumer_processed_at
-        ON idem_receipts (consumer, processed_at)",
-    // Superseded by the index above; only costs inserts.
+    // Pruning reads one consumer's oldest receipts by publish time (store::retention).
+    "CREATE INDEX IF NOT EXISTS idem_receipts_consumer_published_ms
+        ON idem_receipts (consumer, published_ms)",
+    // Superseded by the index above; they only cost inserts.
     "DROP INDEX IF EXISTS idem_receipts_processed_at",
+    "DROP INDEX IF EXISTS idem_receipts_consumer_processed_at",
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -67,7 +69,7 @@ const HOST_TABLES: [&str; 5] = [
 ];
 
 /// Where `idem_dead_letters` is created in [`HOST_TABLES`].
-const DEAD_LETTERS_DDL: usize = 3;
+const DEAD_LETTERS_DDL: usize = 4;
 
 /// Columns of `idem_dead_letters` before `published_ns`, copied as they are
 /// when [`upgrade_dead_letters`] rebuilds the table.
@@ -116,6 +118,33 @@ async fn upgrade_dead_letters(tx: &mut Transaction<'static, Sqlite>) -> Result<(
     Ok(())
 }
 
+/// A receipts table from before `published_ms` gets the column, each row
+/// set to its `processed_at` (never earlier than its message's publish
+/// time, give or take the skew between the database's and the broker's
+/// clocks, once), inside the caller's transaction. A no-op on a current
+/// table or none.
+async fn upgrade_receipts(tx: &mut Transaction<'static, Sqlite>) -> Result<(), sqlx::Error> {
+    let (exists, current): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'idem_receipts'),
+                (SELECT count(*) FROM pragma_table_info('idem_receipts') WHERE name = 'published_ms')",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if current == 1 || exists == 0 {
+        return Ok(());
+    }
+    for step in [
+        "ALTER TABLE idem_receipts ADD COLUMN published_ms INTEGER NOT NULL DEFAULT 0",
+        "UPDATE idem_receipts SET published_ms = processed_at",
+    ] {
+        sqlx::query(step).execute(&mut **tx).await?;
+    }
+    tracing::info!(
+        "idem_receipts upgraded: receipts keep their message's publish time (published_ms), set to processed_at for the rows it held"
+    );
+    Ok(())
+}
+
 pub(super) async fn connect(
     url: &str,
     max_connections: u32,
@@ -157,6 +186,7 @@ pub(super) async fn connect(
 pub(super) async fn prepare_host_tables(pool: &SqlitePool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     upgrade_dead_letters(&mut tx).await?;
+    upgrade_receipts(&mut tx).await?;
     for ddl in HOST_TABLES {
         sqlx::query(ddl).execute(&mut *tx).await?;
     }
@@ -169,13 +199,14 @@ pub(super) async fn insert_receipt(
     seq: i64,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest)
-         VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
+        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING",
     )
     .bind(r.consumer)
     .bind(r.message_id)
     .bind(seq)
     .bind(r.module_digest)
+    .bind(r.published_ms)
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)

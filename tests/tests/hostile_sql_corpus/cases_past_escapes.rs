@@ -25,7 +25,7 @@ pub(crate) fn past_escapes(ctx: &Ctx) -> Group {
         ("drop-secrets", "DROP TABLE secrets"),
         (
             "forge-receipt",
-            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest) VALUES ('hostile', 'forged', 1, 'x')",
+            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) VALUES ('hostile', 'forged', 1, 'x', 0)",
         ),
         ("writable-schema", "PRAGMA writable_schema = 1"),
         ("attach-file", "ATTACH DATABASE '{dir}/evil.db' AS evil"),
@@ -103,7 +103,7 @@ pub(crate) fn past_escapes(ctx: &Ctx) -> Group {
         ("delete-receipts", "DELETE FROM idem_receipts"),
         (
             "forge-receipt",
-            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest) VALUES ('hostile', 'forged', 1, 'x')",
+            "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) VALUES ('hostile', 'forged', 1, 'x', 0)",
         ),
         ("read-file", "SELECT pg_read_file('/etc/passwd') AS f"),
         ("large-object", "SELECT lo_from_bytea(0, 'x') AS o"),

@@ -23,7 +23,7 @@ pub(crate) fn conflicts(ctx: &Ctx) -> Group {
     g.refused(x("INSERT INTO accounts (account_id, balance) SELECT id, length(v) FROM secrets ON CONFLICT DO NOTHING"));
     g.refused(x("INSERT INTO accounts (account_id, balance) VALUES (1, 0) ON CONFLICT (account_id) DO UPDATE SET balance = 0 WHERE EXISTS (SELECT 1 FROM secrets)"));
     g.refused(x("INSERT INTO accounts (account_id, balance) VALUES (1, 0) ON CONFLICT (account_id) DO UPDATE SET balance = excluded.balance RETURNING (SELECT v FROM secrets)"));
-    g.refused(x("INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest) VALUES ('hostile', 'forged', 1, 'x') ON CONFLICT DO NOTHING"));
+    g.refused(x("INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) VALUES ('hostile', 'forged', 1, 'x', 0) ON CONFLICT DO NOTHING"));
     // A unique violation: the statement fails and the guest rejects.
     g.refused(x(
         "INSERT INTO accounts (account_id, balance) VALUES (1, 1)",
@@ -150,7 +150,7 @@ pub(crate) fn ctes(ctx: &Ctx) -> Group {
     g.refused(x(
         "WITH x AS (UPDATE idem_dead_letters SET reason = 'x' RETURNING 1) SELECT 1",
     ));
-    g.refused(x("WITH x AS (INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest) VALUES ('hostile', 'forged', 1, 'x') RETURNING 1) SELECT 1"));
+    g.refused(x("WITH x AS (INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) VALUES ('hostile', 'forged', 1, 'x', 0) RETURNING 1) SELECT 1"));
     g.refused(x(
         "WITH x AS (DELETE FROM idem_dead_letters RETURNING 1) SELECT 1",
     ));

@@ -298,7 +298,7 @@ impl CorpusHost {
         let want_hostile = (self.served.len() + self.dead.len() + 2 * cases.len()) as i64;
         let want_well = self.well;
         let patience =
-            Duration::from_secs(60) + Duration::from_millis(2500) * self.count_traps(&cases);
+            Duration::from_secs(120) + Duration::from_millis(2500) * self.count_traps(&cases);
         let deadline = Instant::now() + patience;
         loop {
             let (settled, well) = self.settled().await.unwrap_or((0, 0));

@@ -1,0 +1,204 @@
+//! The one clock the retention window is measured on: the broker's
+//! (ARCHITECTURE.md invariant 7).
+//!
+//! JetStream stamps every stored message with its publish time on the
+//! clock of the server that leads the stream. Receipts keep that time
+//! (`published_ms`), the horizon check compares a delivery's publish time
+//! with the broker's "now", and pruning deletes receipts published more than
+//! the retention window (plus a margin) before the broker's "now". Neither the
+//! host's wall clock nor the database's takes part, so skew between the
+//! three machines moves nothing.
+//!
+//! The broker's "now" is read from the `ts` field every JetStream stream
+//! info response carries (nats-server 2.10 and later; the stream leader's
+//! clock, the one that stamps publish times) and carried forward on this
+//! host's monotonic clock, which no wall-clock step or NTP correction
+//! moves. A reading is taken when a handler starts and refreshed every
+//! [`REFRESH`]; its error is half the request's round trip.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How often a running host reads the broker's clock again.
+pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// The broker's clock as this host last read it.
+#[derive(Debug)]
+pub struct BrokerClock {
+    reading: Mutex<Reading>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// The broker's time, Unix ms, at `at`.
+    broker_ms: i64,
+    /// When (this host's monotonic clock) the broker's time was `broker_ms`.
+    at: Instant,
+}
+
+impl BrokerClock {
+    /// A clock that read `broker_ms` (Unix ms) at the monotonic instant `at`.
+    pub fn new(broker_ms: i64, at: Instant) -> Self {
+        Self {
+            reading: Mutex::new(Reading { broker_ms, at }),
+        }
+    }
+
+    /// Replaces the reading with a newer one.
+    pub fn set(&self, broker_ms: i64, at: Instant) {
+        if let Ok(mut r) = self.reading.lock() {
+            *r = Reading { broker_ms, at };
+        }
+    }
+
+    /// The broker's time now, Unix ms: the last reading plus the monotonic
+    /// time elapsed since.
+    pub fn now_ms(&self) -> i64 {
+        let r = self.reading.lock().map_or_else(|e| *e.into_inner(), |r| *r);
+        let elapsed = i64::try_from(r.at.elapsed().as_millis()).unwrap_or(i64::MAX);
+        r.broker_ms.saturating_add(elapsed)
+    }
+}
+
+/// A stream info response's fields this module reads.
+#[derive(serde::Deserialize)]
+struct StreamInfoTime {
+    /// RFC 3339 server time of the response; absent before nats-server 2.10.
+    ts: Option<String>,
+    error: Option<serde_json::Value>,
+}
+
+/// Why the broker's time could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockError {
+    /// The request failed or the stream does not exist.
+    #[error("cannot read the broker's clock from stream `{stream}`: {detail}")]
+    Unreadable { stream: String, detail: String },
+    /// The server answered without a time (nats-server before 2.10).
+    #[error(
+        "nats-server does not report its time in stream info (it is older than 2.10); upgrade nats-server, which idem's retention window is measured on"
+    )]
+    NoTime,
+}
+
+/// Reads the broker's clock from `stream`'s info (`$JS.API.STREAM.INFO`),
+/// taken to be at the midpoint of the request on this host's monotonic
+/// clock.
+///
+/// # Errors
+/// [`ClockError::Unreadable`] when the request fails or the stream does not
+/// exist; [`ClockError::NoTime`] when the server does not send `ts`.
+pub async fn read(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+) -> Result<(i64, Instant), ClockError> {
+    let unreadable = |detail: String| ClockError::Unreadable {
+        stream: stream.to_owned(),
+        detail,
+    };
+    let sent = Instant::now();
+    let info: StreamInfoTime = js
+        .request(format!("STREAM.INFO.{stream}"), &())
+        .await
+        .map_err(|e| unreadable(e.to_string()))?;
+    let received = Instant::now();
+    if let Some(error) = info.error {
+        let detail = error
+            .get("description")
+            .and_then(serde_json::Value::as_str)
+            .map_or_else(|| error.to_string(), str::to_owned);
+        return Err(unreadable(detail));
+    }
+    let ts = info.ts.ok_or(ClockError::NoTime)?;
+    let broker_ms = parse_ts(&ts).ok_or_else(|| unreadable(format!("bad time `{ts}`")))?;
+    Ok((broker_ms, sent + (received - sent) / 2))
+}
+
+/// An RFC 3339 time as Unix ms, `None` when it does not parse.
+pub fn parse_ts(ts: &str) -> Option<i64> {
+    let t = time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
+
+/// How long before the broker's `now_ms` a message published at
+/// `published_ms` was published, when that is longer than `retention`: it
+/// is beyond the horizon, its receipt may have been pruned. `None` when it
+/// is within the window (or published "after" now, a reading's error).
+pub fn beyond_horizon(published_ms: i64, now_ms: i64, retention: Duration) -> Option<Duration> {
+    let age = Duration::from_millis(u64::try_from(now_ms.saturating_sub(published_ms)).ok()?);
+    (age > retention).then_some(age)
+}
+
+/// The margin pruning keeps beyond the retention window: a tenth of it, at
+/// most a minute. It absorbs the difference between two hosts' readings of
+/// the broker's clock (each within half a round trip), so a receipt is never
+/// deleted while any host still judges its message inside the window.
+pub fn prune_margin(retention: Duration) -> Duration {
+    (retention / 10).min(Duration::from_secs(60))
+}
+
+/// Receipts published before this Unix ms are pruned when the broker's time
+/// is `now_ms`: `now_ms - retention - prune_margin(retention)`.
+pub fn prune_cutoff(now_ms: i64, retention: Duration) -> i64 {
+    let keep = retention.saturating_add(prune_margin(retention));
+    now_ms.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_clock_moves_on_the_monotonic_clock_from_its_reading() {
+        let at = Instant::now() - Duration::from_millis(1500);
+        let clock = BrokerClock::new(1_000_000, at);
+        let now = clock.now_ms();
+        assert!((1_001_500..1_002_500).contains(&now), "{now}");
+        clock.set(5_000, Instant::now());
+        let now = clock.now_ms();
+        assert!((5_000..5_500).contains(&now), "{now}");
+    }
+
+    #[test]
+    fn server_times_parse_to_unix_milliseconds() {
+        assert_eq!(
+            parse_ts("2026-12-01T02:55:40.672965747Z"),
+            Some(1_796_093_740_672)
+        );
+        assert_eq!(parse_ts("1970-01-01T00:00:01Z"), Some(1000));
+        assert_eq!(
+            parse_ts("2026-12-01T03:55:40.5+01:00"),
+            Some(1_796_093_740_500)
+        );
+        assert_eq!(parse_ts("yesterday"), None);
+    }
+
+    #[test]
+    fn only_a_message_older_than_the_window_is_beyond_the_horizon() {
+        let r = 10 * S;
+        assert_eq!(beyond_horizon(100_000, 110_000, r), None);
+        assert_eq!(
+            beyond_horizon(100_000, 110_001, r),
+            Some(Duration::from_millis(10_001))
+        );
+        // Published "after" the broker's now (a reading's error): fresh.
+        assert_eq!(beyond_horizon(200_000, 110_000, r), None);
+    }
+
+    #[test]
+    fn pruning_keeps_the_window_plus_a_tenth_of_it_at_most_a_minute() {
+        assert_eq!(prune_margin(10 * S), S);
+        assert_eq!(prune_margin(7 * 86_400 * S), 60 * S);
+        assert_eq!(prune_cutoff(100_000, 10 * S), 89_000);
+        assert_eq!(prune_cutoff(i64::MIN + 5, 10 * S), i64::MIN);
+        // Nothing the horizon check lets through is ever below the cutoff:
+        // a message at the edge of the window, judged by a host whose
+        // reading is behind the pruner's by less than the margin.
+        let (pruner_now, checker_now, r) = (1_000_000, 999_100, 10 * S);
+        let published = checker_now - 10_000;
+        assert_eq!(beyond_horizon(published, checker_now, r), None);
+        assert!(published >= prune_cutoff(pruner_now, r));
+    }
+}
