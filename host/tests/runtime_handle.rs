@@ -4,6 +4,9 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::guest;
+
 use idem::runtime::{
     GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
 };
@@ -18,17 +21,8 @@ use std::time::{Duration, Instant};
 
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
 static BEHAVE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("guests/behave.wasm");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/build-guests.sh first",
-        p.display()
-    );
     RUNTIME
-        .load(&p, LoadOptions::default())
+        .load(&guest("behave.wasm"), LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"))
 });
 

@@ -4,29 +4,15 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::built;
+
 use idem::runtime::{LoadError, LoadOptions, Runtime};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
-/// A built guest file under `target/`.
-fn built(rel: &str) -> PathBuf {
-    let p = target_dir().join(rel);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/build-guests.sh first",
-        p.display()
-    );
-    p
-}
 
 const PLAIN: LoadOptions = LoadOptions { wasi: false };
 const WASI: LoadOptions = LoadOptions { wasi: true };

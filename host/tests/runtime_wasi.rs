@@ -6,6 +6,9 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::guest;
+
 use idem::runtime::{
     GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
 };
@@ -14,7 +17,7 @@ use idem::store::{Database, DbKind, Receipt};
 use serde_json::{Value as Json, json};
 use sqlx::Row;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,22 +25,9 @@ static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runt
 
 const WASI: LoadOptions = LoadOptions { wasi: true };
 
-fn built(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("guests").join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/build-guests.sh first",
-        p.display()
-    );
-    p
-}
-
 static PROBE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
     RUNTIME
-        .load(&built("wasi-probe.wasm"), WASI)
+        .load(&guest("wasi-probe.wasm"), WASI)
         .unwrap_or_else(|e| panic!("{e}"))
 });
 
@@ -173,7 +163,7 @@ fn lines(buf: &Mutex<Vec<u8>>) -> Vec<String> {
 #[tokio::test]
 async fn credit_built_for_wasip2_commits_with_wasi() {
     let credit = RUNTIME
-        .load(&built("credit-wasip2.wasm"), WASI)
+        .load(&guest("credit-wasip2.wasm"), WASI)
         .unwrap_or_else(|e| panic!("{e}"));
     let db = db().await;
     let events = [

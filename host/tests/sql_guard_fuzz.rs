@@ -14,6 +14,9 @@
 //! - leave the host's transaction open.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{pg_url, raw};
+
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DbErrorKind, DbKind, StatementError, Tx};
 use proptest::prelude::*;
@@ -60,27 +63,9 @@ struct Arena {
     _dir: Option<tempfile::TempDir>,
 }
 
-async fn raw(db: &Database, sql: &str) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-    }
-    .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
 async fn arena(kind: DbKind) -> Arena {
     let (db, dir) = match kind {
-        DbKind::Postgres => {
-            let url = std::env::var("IDEM_TEST_PG")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-            (Database::connect(&url, 2).await.unwrap(), None)
-        }
+        DbKind::Postgres => (Database::connect(&pg_url(), 2).await.unwrap(), None),
         DbKind::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("idem.db").display());

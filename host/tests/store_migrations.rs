@@ -1,24 +1,11 @@
 //! Handler migrations: sqlx's migrator, recorded per handler, idempotent.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{pg_url, raw, unique};
+
 use idem::store::{Database, migrations_table};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{nanos}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 async fn scalar(db: &Database, sql: String) -> i64 {
     match db {
@@ -34,20 +21,6 @@ async fn scalar(db: &Database, sql: String) -> i64 {
         }
     }
     .unwrap()
-}
-
-async fn raw(db: &Database, sql: String) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(p)
-            .await
-            .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(p)
-            .await
-            .map(|_| ()),
-    }
-    .unwrap();
 }
 
 fn write_migrations(dir: &Path, table: &str) {
@@ -127,7 +100,7 @@ async fn per_handler_and_idempotent(db: &Database) {
     for (h, t) in [(&h1, &t1), (&h2, &t2)] {
         raw(
             db,
-            format!("DROP TABLE {t}; DROP TABLE {}", migrations_table(h)),
+            &format!("DROP TABLE {t}; DROP TABLE {}", migrations_table(h)),
         )
         .await;
     }
@@ -135,7 +108,7 @@ async fn per_handler_and_idempotent(db: &Database) {
 
 #[tokio::test]
 async fn migrate_handler_per_handler_and_idempotent_pg() {
-    per_handler_and_idempotent(&Database::connect(PG_URL, 2).await.unwrap()).await;
+    per_handler_and_idempotent(&Database::connect(&pg_url(), 2).await.unwrap()).await;
 }
 
 #[tokio::test]

@@ -2,44 +2,16 @@
 //! SQLite: ARCHITECTURE.md invariants 1, 3, 4 and 5 at the store level.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{pg_url, raw, unique};
+
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DeadLetter, Receipt, SqlValue};
-use sqlx::AssertSqlSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{nanos}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn raw(db: &Database, sql: &str) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-    }
-    .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
 async fn pg() -> Database {
-    let db = Database::connect(PG_URL, 8).await.unwrap();
+    let db = Database::connect(&pg_url(), 8).await.unwrap();
     db.prepare_host_tables().await.unwrap();
     db
 }
@@ -366,8 +338,9 @@ async fn dead_letter_idempotent_sqlite() {
 /// Several hosts starting at once all succeed (advisory lock on PostgreSQL).
 #[tokio::test]
 async fn prepare_host_tables_is_idempotent_and_concurrent() {
+    let url = pg_url();
     let dbs: Vec<Arc<Database>> =
-        futures::future::join_all((0..4).map(|_| Database::connect(PG_URL, 2)))
+        futures::future::join_all((0..4).map(|_| Database::connect(&url, 2)))
             .await
             .into_iter()
             .map(|db| Arc::new(db.unwrap()))

@@ -4,11 +4,12 @@
 //! meets PostgreSQL's permission check, seen by the guest as `denied`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::pg_url;
+
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DbError, DbErrorKind, Receipt, SqlValue, StatementError};
 use sqlx::AssertSqlSafe;
-
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 async fn raw(db: &Database, sql: &str) {
     let Database::Postgres(p) = db else {
@@ -30,7 +31,7 @@ fn failed<T: std::fmt::Debug>(r: Result<T, StatementError>) -> DbError {
 
 #[tokio::test]
 async fn handler_role_holds_only_its_granted_tables() {
-    let db = Database::connect(PG_URL, 2).await.unwrap();
+    let db = Database::connect(&pg_url(), 2).await.unwrap();
     db.prepare_host_tables().await.unwrap();
     let n = format!(
         "{}_{}",
@@ -155,7 +156,7 @@ async fn role_setup_and_pruning_do_not_wait_for_each_other() {
             .all(|(i, k)| !keys[i + 1..].contains(k)),
         "{keys:x?}"
     );
-    let db = Database::connect(PG_URL, 4).await.unwrap();
+    let db = Database::connect(&pg_url(), 4).await.unwrap();
     db.prepare_host_tables().await.unwrap();
     let table = format!("lock_probe_{}", std::process::id());
     raw(

@@ -5,12 +5,10 @@
 //! decides whether handler roles are a boundary, is read correctly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::store::Database;
+mod common;
+use common::pg_url;
 
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
+use idem::store::Database;
 
 #[tokio::test]
 async fn session_state_does_not_survive_release() {

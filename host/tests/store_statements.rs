@@ -4,44 +4,16 @@
 //! unless its name says `pg_`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{pg_url, pg_url_as, raw, unique};
+
 use idem::sql_guard::{CheckedSql, SqlGuard};
 use idem::store::{
     Database, DbError, DbErrorKind, DbKind, Receipt, Rows, SqlValue, StatementError, Tx,
 };
-use sqlx::AssertSqlSafe;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// A byte bound no test query comes near (`Tx::query`'s `max_bytes`).
 const MAX_BYTES: usize = 1 << 20;
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{nanos}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn raw(db: &Database, sql: &str) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-    }
-    .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 /// `sql` judged as it will run in `tx` with values of `params`' types, with
 /// only `table` granted; panics when it is refused.
@@ -92,7 +64,7 @@ macro_rules! on_both {
     ($pg:ident, $lite:ident, $body:ident) => {
         #[tokio::test]
         async fn $pg() {
-            let db = Database::connect(PG_URL, 4).await.unwrap();
+            let db = Database::connect(&pg_url(), 4).await.unwrap();
             $body(&db, &unique("st")).await;
         }
         #[tokio::test]
@@ -644,7 +616,7 @@ async fn byte_limit(db: &Database, t: &str) {
 /// types until it is checked again with them.
 #[tokio::test]
 async fn pg_checked_types_must_match_the_values() {
-    let db = Database::connect(PG_URL, 1).await.unwrap();
+    let db = Database::connect(&pg_url(), 1).await.unwrap();
     let t = unique("st");
     create_table(&db, &t).await;
     let mut tx = db.begin().await.unwrap();
@@ -695,7 +667,7 @@ async fn pg_checked_types_must_match_the_values() {
 /// PostgreSQL's own permission check (SQLSTATE 42501) maps to `Denied`.
 #[tokio::test]
 async fn pg_permission_denied_is_denied() {
-    let admin = Database::connect(PG_URL, 1).await.unwrap();
+    let admin = Database::connect(&pg_url(), 1).await.unwrap();
     let role = unique("idemtest_role");
     let t = unique("st");
     raw(
@@ -703,9 +675,7 @@ async fn pg_permission_denied_is_denied() {
         &format!("CREATE TABLE {t} (id BIGINT); CREATE ROLE {role} LOGIN"),
     )
     .await;
-    let limited = Database::connect(&format!("postgres://{role}@127.0.0.1:5432/test"), 1)
-        .await
-        .unwrap();
+    let limited = Database::connect(&pg_url_as(&role), 1).await.unwrap();
     let mut tx = limited.begin().await.unwrap();
     let q = check(&limited, &mut tx, &t, &format!("SELECT id FROM {t}"), &[]).await;
     let e = failed(tx.query(&q, &[], 1, MAX_BYTES).await);

@@ -4,41 +4,13 @@
 //! (what the retention window is measured on, ARCHITECTURE.md invariant 7).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{pg_url, pg_url_in_schema, raw, unique};
+
 use idem::store::{Database, DeadLetter, Receipt};
-use sqlx::AssertSqlSafe;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{nanos}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn raw(db: &Database, sql: &str) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(p)
-            .await
-            .map(|_| ()),
-    }
-    .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 async fn pg() -> Database {
-    let db = Database::connect(PG_URL, 8).await.unwrap();
+    let db = Database::connect(&pg_url(), 8).await.unwrap();
     db.prepare_host_tables().await.unwrap();
     db
 }
@@ -49,7 +21,7 @@ async fn pg_schema(prefix: &str) -> (Database, String, String) {
     let admin = pg().await;
     raw(&admin, &format!("CREATE SCHEMA {schema}")).await;
     admin.close().await;
-    let url = format!("{PG_URL}?options=-c%20search_path%3D{schema}");
+    let url = pg_url_in_schema(&schema);
     let db = Database::connect(&url, 1).await.unwrap();
     (db, url, schema)
 }

@@ -6,11 +6,11 @@
 //! read exactly as the database reads them:
 //! - **PostgreSQL**: the text is parsed by PostgreSQL's parser (libpg_query,
 //!   through the `pg_query` crate) and the tree judged deny-by-default
-//!   ([`postgres`]);
+//!   (module `postgres`);
 //! - **SQLite**: the text is compiled by SQLite itself on the message's own
 //!   connection with an authorizer consulted for every table, column,
 //!   function, pragma, attach and transaction action; deny by default
-//!   ([`sqlite`]).
+//!   (module `sqlite`).
 //!
 //! Either way the text that runs is exactly the text that was judged, never
 //! a re-print, and it is exactly one statement: one Parse message on

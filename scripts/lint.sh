@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The lint gate CI runs before the tests: formatting, clippy with warnings
+# denied (the workspace lint table included) on every crate and target,
+# and the API docs built with warnings denied (broken intra-doc links).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+. scripts/setup.sh
+for component in rustfmt clippy; do
+    if ! rustup component list --installed | grep -q "^$component"; then
+        rustup component add "$component" >&2
+    fi
+done
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --exclude credit

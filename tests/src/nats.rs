@@ -1,0 +1,142 @@
+//! A private `nats-server` with JetStream per test (free loopback port,
+//! temporary store), and the streams and messages tests put in it.
+
+use crate::root;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A private nats-server with JetStream, killed on drop.
+pub struct Nats {
+    child: Option<Child>,
+    pub port: u16,
+    store: tempfile::TempDir,
+}
+
+impl Nats {
+    pub fn start() -> Self {
+        let store = tempfile::tempdir().unwrap();
+        let mut n = Nats {
+            child: None,
+            port: free_port(),
+            store,
+        };
+        n.spawn();
+        n
+    }
+
+    fn spawn(&mut self) {
+        let bin = std::env::var("IDEM_NATS_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"));
+        let child = Command::new(&bin)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} ({e}); run `bash scripts/setup.sh`",
+                    bin.display()
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port and
+    /// store directory: JetStream state (streams, consumers) persists.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        async_nats::jetstream::new(async_nats::connect(self.url()).await.unwrap())
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Publishes one message (optionally with headers) and waits for the stream's ack.
+pub async fn publish(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    payload: &str,
+    headers: &[(&str, &str)],
+) {
+    let mut h = async_nats::HeaderMap::new();
+    for (k, v) in headers {
+        h.insert(*k, *v);
+    }
+    js.publish_with_headers(subject.to_string(), h, payload.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// Creates stream `name` over `subjects`, so several handlers can share it
+/// with different filter subjects (the host creates a missing stream with the
+/// first handler's subjects only). Its `max_age` is 7 days, idem's default
+/// retention, so a host with the default starts on it.
+pub async fn create_stream(nats: &Nats, name: &str, subjects: &[&str]) {
+    create_stream_with_max_age(nats, name, subjects, DEFAULT_RETENTION).await;
+}
+
+/// idem's default `retention`.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// [`create_stream`] with the given `max_age` (`Duration::ZERO`: kept for ever).
+pub async fn create_stream_with_max_age(
+    nats: &Nats,
+    name: &str,
+    subjects: &[&str],
+    max_age: Duration,
+) {
+    nats.jetstream()
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: name.into(),
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            max_age,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
