@@ -16,6 +16,7 @@
 use crate::broker_config;
 use crate::config::HandlerConfig;
 use anyhow::Context as _;
+use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use futures::StreamExt;
 use std::time::Duration;
@@ -109,6 +110,20 @@ pub async fn ensure_consumer(
     handler: &HandlerConfig,
     max_ack_pending: i64,
 ) -> anyhow::Result<EnsuredConsumer> {
+    ensure_consumer_from(js, handler, max_ack_pending, handler.start.deliver_policy()).await
+}
+
+/// [`ensure_consumer`], creating a missing consumer at `deliver_policy`
+/// instead of the handler's `start` (an existing consumer keeps its own).
+///
+/// # Errors
+/// As [`ensure_consumer`].
+pub async fn ensure_consumer_from(
+    js: &jetstream::Context,
+    handler: &HandlerConfig,
+    max_ack_pending: i64,
+    deliver_policy: DeliverPolicy,
+) -> anyhow::Result<EnsuredConsumer> {
     let mut stream = js
         .get_or_create_stream(stream::Config {
             name: handler.stream.clone(),
@@ -152,8 +167,8 @@ pub async fn ensure_consumer(
             .extend(missing.iter().map(|s| (*s).to_string()));
         js.update_stream(config).await.with_context(|| {
             format!(
-                "handler `{}`: cannot add {:?} to stream `{}`; check that no other stream captures them",
-                handler.name, missing, handler.stream
+                "handler `{}`: cannot add {:?} to stream `{}` (which captures {:?}); check that they do not overlap its subjects or another stream's",
+                handler.name, missing, handler.stream, stream_config.subjects
             )
         })?;
         tracing::info!(handler = %handler.name, stream = %handler.stream, added = ?missing, "stream subjects added from the config");
@@ -187,7 +202,7 @@ pub async fn ensure_consumer(
         max_ack_pending,
         filter_subject,
         filter_subjects,
-        deliver_policy: handler.start.deliver_policy(),
+        deliver_policy,
         ..Default::default()
     };
     let existed = match stream.consumer_info(&handler.name).await {
@@ -214,12 +229,14 @@ pub async fn ensure_consumer(
     }
     let found = consumer.cached_info().config.clone();
     let drift = broker_config::consumer_drift(&found, &want);
+    let stream_created = stream.cached_info().created;
     if drift.is_empty() {
         let stored = consumer.cached_info().num_pending;
         return Ok(EnsuredConsumer {
             consumer,
             created: !existed,
             stored,
+            stream_created,
         });
     }
     // A consumer made earlier (or by hand) with other settings: bring it in
@@ -243,6 +260,7 @@ pub async fn ensure_consumer(
         consumer: updated,
         created: !existed,
         stored: 0,
+        stream_created,
     })
 }
 
@@ -255,6 +273,9 @@ pub struct EnsuredConsumer {
     /// Messages it has yet to deliver (`num_pending`) as the broker reported
     /// when it was read or created; 0 after an update.
     pub stored: u64,
+    /// When the broker created its stream: a stream deleted and created
+    /// again under the same name has another (its sequences start over).
+    pub stream_created: time::OffsetDateTime,
 }
 
 /// The stream's `max_age`: how long it keeps a message. `None`: for ever
@@ -302,7 +323,18 @@ pub struct Deliveries {
     max_ack_pending: i64,
     /// Since when the consumer could not be created again (broker connected).
     lost_since: Option<tokio::time::Instant>,
+    /// When the consumer's stream was created (see [`EnsuredConsumer`]).
+    stream_created: time::OffsetDateTime,
+    /// The consumer's ack floor (stream sequence) as last read, at most
+    /// [`ACK_FLOOR_REFRESH`] old: every message after it may be unsettled,
+    /// so a consumer made again after a deletion starts right after it.
+    ack_floor: u64,
+    /// When `ack_floor` was last read.
+    ack_floor_read: tokio::time::Instant,
 }
+
+/// How often [`Deliveries`] reads its consumer's ack floor again.
+const ACK_FLOOR_REFRESH: Duration = Duration::from_secs(5);
 
 impl Deliveries {
     /// `batch`: messages requested per pull; keep it small enough that a full
@@ -312,6 +344,7 @@ impl Deliveries {
     pub fn new(
         broker: &Broker,
         consumer: jetstream::consumer::Consumer<pull::Config>,
+        stream_created: time::OffsetDateTime,
         batch: usize,
         handler: &HandlerConfig,
         max_ack_pending: i64,
@@ -319,6 +352,9 @@ impl Deliveries {
         let mut connections = broker.connections.clone();
         connections.mark_unchanged();
         Self {
+            ack_floor: consumer.cached_info().ack_floor.stream_sequence,
+            ack_floor_read: tokio::time::Instant::now(),
+            stream_created,
             consumer,
             connections,
             batch: batch.max(1),
@@ -340,21 +376,76 @@ impl Deliveries {
         }
     }
 
+    /// Where a consumer made again should start, so that nothing its lost
+    /// predecessor had not settled is skipped: right after the last ack
+    /// floor read ([`ACK_FLOOR_REFRESH`]; what was applied since is skipped by
+    /// its receipt) while the stream is the same one; at the first message
+    /// when the stream is gone or was created again (its sequences start
+    /// over and every message in it is new). The handler's `start` applies
+    /// only to a consumer's first creation. `None`: the stream could not be
+    /// read, try again later.
+    async fn resume_policy(&self) -> Option<DeliverPolicy> {
+        match self.js.get_stream(&self.handler.stream).await {
+            Ok(s) if s.cached_info().created == self.stream_created => {
+                Some(DeliverPolicy::ByStartSequence {
+                    start_sequence: self.ack_floor + 1,
+                })
+            }
+            Ok(_) => Some(DeliverPolicy::All),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::GetStreamErrorKind::JetStream(ref js)
+                        if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) =>
+            {
+                Some(DeliverPolicy::All)
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Reads the consumer's ack floor again once [`ACK_FLOOR_REFRESH`] has
+    /// passed (errors keep the last one: an older floor only replays more).
+    async fn refresh_ack_floor(&mut self) {
+        if self.ack_floor_read.elapsed() < ACK_FLOOR_REFRESH {
+            return;
+        }
+        self.ack_floor_read = tokio::time::Instant::now();
+        if let Ok(info) = self.consumer.info().await {
+            self.ack_floor = info.ack_floor.stream_sequence;
+        }
+    }
+
     /// Makes sure the consumer (and its stream) still exist, creating them
-    /// again when they were deleted on the broker. A failure while the
-    /// broker connection is down is an outage (the client reconnects); one
-    /// while it is up is logged once, and after [`CONSUMER_LOST_GRACE`] is
-    /// [`ConsumerLost`].
+    /// again when they were deleted on the broker ([`Deliveries::resume_policy`]
+    /// says from where). A failure while the broker connection is down is an
+    /// outage (the client reconnects); one while it is up is logged once, and
+    /// after [`CONSUMER_LOST_GRACE`] is [`ConsumerLost`].
     async fn restore(&mut self) -> Result<(), ConsumerLost> {
-        match ensure_consumer(&self.js, &self.handler, self.max_ack_pending).await {
-            Ok(EnsuredConsumer { consumer, .. }) => {
+        let Some(policy) = self.resume_policy().await else {
+            return Ok(());
+        };
+        match ensure_consumer_from(&self.js, &self.handler, self.max_ack_pending, policy).await {
+            Ok(ensured) => {
+                let consumer = ensured.consumer;
                 if consumer.cached_info().created != self.consumer.cached_info().created {
-                    tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, "the durable consumer was gone from the broker (deleted?) and is created again; messages still in the stream are delivered again, and receipts skip what was applied");
+                    match policy {
+                        DeliverPolicy::ByStartSequence { start_sequence } => {
+                            tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, start_sequence, "the durable consumer was gone from the broker (deleted?) and is created again after the last acknowledged message; a message applied since is skipped by its receipt");
+                        }
+                        _ => {
+                            tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, "the stream was gone or created again, and the durable consumer with it: created again from the stream's first message");
+                        }
+                    }
                     self.stream = None;
                 }
                 if self.lost_since.take().is_some() {
                     tracing::info!(handler = %self.handler.name, "durable consumer back");
                 }
+                self.ack_floor = consumer.cached_info().ack_floor.stream_sequence;
+                self.ack_floor_read = tokio::time::Instant::now();
+                self.stream_created = ensured.stream_created;
                 self.consumer = consumer;
                 Ok(())
             }
@@ -384,6 +475,7 @@ impl Deliveries {
     /// for [`CONSUMER_LOST_GRACE`] while the broker was connected.
     pub async fn next(&mut self) -> Result<jetstream::Message, ConsumerLost> {
         let mut backoff = Duration::from_millis(100);
+        self.refresh_ack_floor().await;
         loop {
             if self.stream.is_none() {
                 match self
@@ -461,20 +553,35 @@ impl Deliveries {
     }
 }
 
-/// Confirmed ack: waits for the server's reply. See the module docs for why
-/// even `Ok` is only a hint.
-pub async fn ack(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
-    msg.double_ack().await
+/// What the broker is told about a delivery once its attempt is decided
+/// (see [`crate::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Confirmed ack (`+ACK`, waiting for the server's reply; see the module
+    /// docs for why even `Ok` is only a hint): the effect is committed.
+    Ack,
+    /// Negative ack (`-NAK` with a delay): deliver again after it.
+    Nak(Duration),
+    /// Terminate (`+TERM`, confirmed): never deliver it again. Only after a
+    /// durable dead letter.
+    Term,
 }
 
-/// Negative ack: deliver again after `delay`.
-pub async fn nak(msg: &jetstream::Message, delay: Duration) -> Result<(), async_nats::Error> {
-    msg.ack_with(AckKind::Nak(Some(delay))).await
-}
-
-/// Terminate: never deliver this message again. Used only after a durable dead letter.
-pub async fn term(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
-    msg.double_ack_with(AckKind::Term).await
+/// Tells the broker `settlement` for `msg`: the one place a delivery is
+/// acked, naked or termed.
+///
+/// # Errors
+/// The client's error when the request could not be sent or (for the
+/// confirmed kinds) was not answered.
+pub async fn settle(
+    msg: &jetstream::Message,
+    settlement: Settlement,
+) -> Result<(), async_nats::Error> {
+    match settlement {
+        Settlement::Ack => msg.double_ack().await,
+        Settlement::Nak(delay) => msg.ack_with(AckKind::Nak(Some(delay))).await,
+        Settlement::Term => msg.double_ack_with(AckKind::Term).await,
+    }
 }
 
 /// Tells the server the message is still being worked on (resets `ack_wait`).

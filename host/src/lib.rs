@@ -22,6 +22,7 @@ pub mod service;
 pub mod sql_guard;
 pub mod start;
 pub mod store;
+pub mod verdict;
 
 /// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's
 /// connection chatter at `warn`, and PostgreSQL's notices (sqlx logs a

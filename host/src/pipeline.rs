@@ -16,7 +16,7 @@
 //! Ack only after commit; never ack a message whose effect is not durable,
 //! except one whose dead letter is durable first.
 
-use crate::broker;
+use crate::broker::{self, Settlement};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::{HandlerConfig, IdentityRule};
 use crate::fault;
@@ -26,9 +26,11 @@ use crate::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Li
 use crate::sql_guard::SqlGuard;
 use crate::store::Tx;
 use crate::store::{Database, DeadLetter, Receipt, StoreError};
+use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
 use async_nats::jetstream::Message;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 /// First wait before a held message runs again (doubling up to [`HOLD_MAX`]).
 const HOLD_FIRST: Duration = Duration::from_millis(50);
@@ -121,7 +123,9 @@ impl Pipeline {
         }
     }
 
-    /// Runs the protocol for one delivery, including its ack / nak / term.
+    /// Runs the protocol for one delivery, including its ack / nak / term,
+    /// inside one tracing span (`delivery`: handler, stream sequence,
+    /// delivery count, and the message id once it is known).
     ///
     /// While the database is unreachable ([`crate::health::is_unavailable`])
     /// the delivery is held, not naked: the in-progress keep-alive keeps it
@@ -161,16 +165,29 @@ impl Pipeline {
             subject: msg.subject.to_string(),
             headers,
         };
+        let span = tracing::info_span!(
+            "delivery",
+            handler = %self.name,
+            stream_sequence,
+            delivery = delivered,
+            message_id = tracing::field::Empty,
+        );
+        self.hold_while_unavailable(&d).instrument(span).await
+    }
+
+    /// Runs [`Pipeline::run_once`] until it settles the delivery, holding it
+    /// (with a doubling pause) while the database cannot be used.
+    async fn hold_while_unavailable(&self, d: &Delivery<'_>) -> Outcome {
         // The work can take a while (a lock wait, a slow guest, a database
         // outage): keep the message ours until this delivery is settled.
-        let _in_progress = broker::InProgress::start(msg.clone(), self.config.ack_wait);
+        let _in_progress = broker::InProgress::start(d.msg.clone(), self.config.ack_wait);
         let mut backoff = HOLD_FIRST;
         loop {
             let settled = tokio::select! {
                 biased;
-                r = self.settle(&d) => r,
+                r = self.run_once(d) => r,
                 () = self.health.stopped_while_down() => {
-                    tracing::warn!(handler = %self.name, stream_sequence, "shutting down while the database is unavailable; the message is left for redelivery");
+                    tracing::warn!("shutting down while the database is unavailable; the message is left for redelivery");
                     return Outcome::Unsettled("shutdown while the database was unavailable".into());
                 }
             };
@@ -179,7 +196,7 @@ impl Pipeline {
                 Err(Unavailable { step, error, busy }) => {
                     HandlerStats::incr(&self.stats.db_pauses);
                     let go_on = if busy {
-                        tracing::debug!(handler = %self.name, stream_sequence, %step, %error, "database busy; running the message again shortly");
+                        tracing::debug!(%step, %error, "database busy; running the message again shortly");
                         self.health.pause(backoff).await
                     } else {
                         // Back off as well: a database that answers the probe
@@ -189,7 +206,9 @@ impl Pipeline {
                             && (backoff == HOLD_FIRST || self.health.pause(backoff).await)
                     };
                     if !go_on {
-                        tracing::warn!(handler = %self.name, stream_sequence, "shutting down while the database is unavailable; the message is left for redelivery");
+                        tracing::warn!(
+                            "shutting down while the database is unavailable; the message is left for redelivery"
+                        );
                         return Outcome::Unsettled(format!("{step}: {error}"));
                     }
                     backoff = (backoff * 2).min(HOLD_MAX);
@@ -198,66 +217,101 @@ impl Pipeline {
         }
     }
 
-    /// One run of the protocol. `Err` only when the database could not be
-    /// reached: nothing was acked, naked or termed, so the caller may run it again.
-    async fn settle(&self, d: &Delivery<'_>) -> Result<Outcome, Unavailable> {
+    /// One run of the protocol: the attempt ([`Pipeline::attempt`]), the
+    /// decision ([`verdict::decide`]), the settlement ([`Pipeline::settle`]),
+    /// then the counters. `Err` only when the database could not be used:
+    /// nothing was acked, naked or termed, so the caller may run it again.
+    async fn run_once(&self, d: &Delivery<'_>) -> Result<Outcome, Unavailable> {
+        let (identity, attempt) = self.attempt(d).await?;
+        let count = DeliveryCount {
+            delivered: d.delivered,
+            max_deliver: self.max_deliver,
+        };
+        let verdict = verdict::decide(&attempt, count, self.config.nak_delay(d.delivered));
+        let outcome = self
+            .settle(d, identity.as_deref(), &attempt, verdict)
+            .await?;
+        self.count(&attempt, &outcome);
+        Ok(outcome)
+    }
+
+    /// Bumps the handler's counters for one settled delivery.
+    fn count(&self, attempt: &Attempt, outcome: &Outcome) {
+        if matches!(attempt, Attempt::GuestFailed(HandlerFailure::Trap(_))) {
+            HandlerStats::incr(&self.stats.traps);
+        }
+        let counter = match outcome {
+            Outcome::Processed => &self.stats.processed,
+            Outcome::Duplicate => &self.stats.duplicates,
+            Outcome::Retried(_) | Outcome::StoreFailed(_) => &self.stats.retried,
+            Outcome::DeadLettered(_) => &self.stats.dead_lettered,
+            Outcome::Unsettled(_) => return,
+        };
+        HandlerStats::incr(counter);
+    }
+
+    /// The transaction step for one delivery: identity, BEGIN, receipt,
+    /// horizon, role, guest, COMMIT or ROLLBACK. Returns the message id (if
+    /// it has one) and how the attempt ended; `Err` when the database could
+    /// not be used (nothing committed).
+    async fn attempt(&self, d: &Delivery<'_>) -> Result<(Option<String>, Attempt), Unavailable> {
         let identity = match crate::identity::extract(
             &self.identity,
             d.msg.headers.as_ref(),
             &d.msg.payload,
         ) {
             Ok(id) => id,
-            Err(reason) => return self.dead_letter(d, None, &reason).await,
+            Err(reason) => return Ok((None, Attempt::NoIdentity(reason))),
         };
+        tracing::Span::current().record("message_id", identity.as_str());
+        let attempt = self.transaction(d, &identity).await?;
+        Ok((Some(identity), attempt))
+    }
 
+    async fn transaction(&self, d: &Delivery<'_>, identity: &str) -> Result<Attempt, Unavailable> {
         let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
             Ok(tx) => tx,
-            Err(e) => return self.store_failed(d, &identity, "BEGIN", e).await,
+            Err(e) => return store_failed("BEGIN", e),
         };
         let receipt = Receipt {
             consumer: &self.name,
-            message_id: &identity,
+            message_id: identity,
             stream_sequence: d.stream_sequence,
             module_digest: self.module.digest(),
             published_ms: d.published_ms,
         };
         match tx.insert_receipt(&receipt).await {
-            Ok(true) => {
-                // No receipt, but beyond the memory horizon: the receipt that
-                // would recognise this message may have been pruned, so it
-                // cannot be proven new; quarantined before any guest code
-                // (ARCHITECTURE.md invariant 7). Judged after the insert, so
-                // a prune that deleted the receipt before it is seen here.
-                if let Some(reason) = self.beyond_horizon(d.published_ms) {
-                    if let Err(e) = tx.rollback().await {
-                        tracing::warn!(handler = %self.name, %identity, error = %e, "rollback before quarantine failed");
-                    }
-                    return self.dead_letter(d, Some(&identity), &reason).await;
-                }
-                if let Some(role) = &self.db_role
-                    && let Err(e) = tx.enter_handler_role(role).await
-                {
-                    let _ = tx.rollback().await;
-                    return self.store_failed(d, &identity, "SET LOCAL ROLE", e).await;
-                }
-            }
+            Ok(true) => {}
             Ok(false) => {
                 if let Err(e) = tx.rollback().await {
-                    tracing::warn!(handler = %self.name, %identity, error = %e, "rollback of a duplicate failed");
+                    tracing::warn!(error = %e, "rollback of a duplicate failed");
                 }
-                HandlerStats::incr(&self.stats.duplicates);
-                tracing::debug!(handler = %self.name, %identity, stream_sequence = d.stream_sequence, "duplicate: receipt exists; acking");
-                self.confirm_ack(d.msg, &identity).await;
-                return Ok(Outcome::Duplicate);
+                return Ok(Attempt::Duplicate);
             }
             Err(e) => {
                 let _ = tx.rollback().await;
-                return self.store_failed(d, &identity, "receipt insert", e).await;
+                return store_failed("receipt insert", e);
             }
         }
-
+        // No receipt, but beyond the memory horizon: the receipt that would
+        // recognise this message may have been pruned, so it cannot be
+        // proven new; quarantined before any guest code (ARCHITECTURE.md
+        // invariant 7). Judged after the insert, so a prune that deleted
+        // the receipt before it is seen here.
+        if let Some(reason) = self.beyond_horizon(d.published_ms) {
+            if let Err(e) = tx.rollback().await {
+                tracing::warn!(error = %e, "rollback before quarantine failed");
+            }
+            return Ok(Attempt::BeyondHorizon(reason));
+        }
+        if let Some(role) = &self.db_role
+            && let Err(e) = tx.enter_handler_role(role).await
+        {
+            let _ = tx.rollback().await;
+            return store_failed("SET LOCAL ROLE", e);
+        }
         let guest_msg = GuestMessage {
-            identity: identity.clone(),
+            identity: identity.to_owned(),
             subject: d.subject.clone(),
             headers: d.headers.clone(),
             payload: d.msg.payload.to_vec(),
@@ -265,41 +319,67 @@ impl Pipeline {
             delivery_count: d.delivered,
             published_ms: d.published_ms,
         };
-        let (failure, rollback) = match self.run_guest(tx, &identity, guest_msg).await {
-            Ok(tx) => {
-                if let Err(e) = tx.commit().await {
-                    // Failed, or outcome unknown: never ack. An unknown outcome
-                    // runs again, where the receipt decides.
-                    return self.store_failed(d, &identity, "COMMIT", e).await;
-                }
-                HandlerStats::incr(&self.stats.processed);
-                if fault::after_commit() == fault::AfterCommit::Ack {
-                    self.confirm_ack(d.msg, &identity).await;
-                }
-                return Ok(Outcome::Processed);
+        match self.run_guest(tx, identity, guest_msg).await {
+            Ok(tx) => match tx.commit().await {
+                Ok(()) => Ok(Attempt::Committed),
+                // Failed, or outcome unknown: never ack. An unknown outcome
+                // runs again, where the receipt decides.
+                Err(e) => store_failed("COMMIT", e),
+            },
+            Err((failure, Rollback::Failed(e))) if health::is_unavailable(&e) => {
+                // The connection broke under the guest: its verdict came from
+                // failed statements, not from the message. Run it again.
+                Err(Unavailable {
+                    step: "handler transaction",
+                    error: format!("{e} (the guest returned {failure})"),
+                    busy: false,
+                })
             }
-            Err(failed) => failed,
-        };
-        if let Rollback::Failed(e) = &rollback
-            && health::is_unavailable(e)
-        {
-            // The connection broke under the guest: its verdict came from
-            // failed statements, not from the message. Run it again.
-            return Err(Unavailable {
-                step: "handler transaction",
-                error: format!("{e} (the guest returned {failure})"),
-                busy: false,
-            });
+            Err((failure, _)) => Ok(Attempt::GuestFailed(failure)),
         }
-        if matches!(failure, HandlerFailure::Trap(_)) {
-            HandlerStats::incr(&self.stats.traps);
+    }
+
+    /// Acts on `verdict` toward the broker (ack, nak, or a durable dead
+    /// letter then term), and says what happened. `Err` when the dead letter
+    /// could not be written because the database is unavailable (nothing
+    /// was termed).
+    async fn settle(
+        &self,
+        d: &Delivery<'_>,
+        identity: Option<&str>,
+        attempt: &Attempt,
+        verdict: Verdict,
+    ) -> Result<Outcome, Unavailable> {
+        match verdict {
+            Verdict::Duplicate => {
+                tracing::debug!("duplicate: receipt exists; acking");
+                self.confirm_ack(d.msg).await;
+                Ok(Outcome::Duplicate)
+            }
+            Verdict::Processed => {
+                if fault::after_commit() == fault::AfterCommit::Ack {
+                    self.confirm_ack(d.msg).await;
+                }
+                Ok(Outcome::Processed)
+            }
+            Verdict::Retry { reason, delay } => {
+                tracing::info!(%reason, "rolled back; will retry");
+                if let Err(e) = broker::settle(d.msg, Settlement::Nak(delay)).await {
+                    tracing::warn!(error = %e, "nak failed; ack_wait will redeliver");
+                }
+                Ok(match attempt {
+                    Attempt::StoreFailed { .. } => Outcome::StoreFailed(reason),
+                    _ => Outcome::Retried(reason),
+                })
+            }
+            Verdict::DeadLetter {
+                reason,
+                without_identity,
+            } => {
+                let message_id = if without_identity { None } else { identity };
+                self.dead_letter(d, message_id, &reason).await
+            }
         }
-        let reason = failure.reason();
-        if failure.is_permanent() {
-            tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
-            return self.dead_letter(d, Some(&identity), &reason).await;
-        }
-        self.retry_or_dead_letter(d, &identity, reason).await
     }
 
     /// Runs the guest on `msg` inside `tx`, which already holds the message's
@@ -341,32 +421,6 @@ impl Pipeline {
         Err((failure, rollback))
     }
 
-    /// A failure worth another delivery: nak with the handler's backoff
-    /// delay, or, on the last delivery `max_deliver` allows, a dead letter
-    /// (past it JetStream would stop delivering without telling anyone).
-    async fn retry_or_dead_letter(
-        &self,
-        d: &Delivery<'_>,
-        identity: &str,
-        reason: String,
-    ) -> Result<Outcome, Unavailable> {
-        if d.delivered >= u64::from(self.max_deliver) {
-            let reason = format!(
-                "{reason} (delivery {} of max_deliver {})",
-                d.delivered, self.max_deliver
-            );
-            tracing::warn!(handler = %self.name, %identity, %reason, "dead-lettering");
-            return self.dead_letter(d, Some(identity), &reason).await;
-        }
-        tracing::info!(handler = %self.name, %identity, delivery = d.delivered, %reason, "rolled back; will retry");
-        HandlerStats::incr(&self.stats.retried);
-        let delay = self.config.nak_delay(d.delivered);
-        if let Err(e) = broker::nak(d.msg, delay).await {
-            tracing::warn!(handler = %self.name, %identity, error = %e, "nak failed; ack_wait will redeliver");
-        }
-        Ok(Outcome::Retried(reason))
-    }
-
     /// `Some(reason)` when a message published at `published_ms` (Unix ms,
     /// the broker's clock) is older than the retention window by the
     /// broker's clock now.
@@ -379,10 +433,10 @@ impl Pipeline {
         ))
     }
 
-    async fn confirm_ack(&self, msg: &Message, identity: &str) {
-        if let Err(e) = broker::ack(msg).await {
+    async fn confirm_ack(&self, msg: &Message) {
+        if let Err(e) = broker::settle(msg, Settlement::Ack).await {
             HandlerStats::incr(&self.stats.ack_failures);
-            tracing::warn!(handler = %self.name, %identity, error = %e, "ack after commit failed; the receipt will absorb the redelivery");
+            tracing::warn!(error = %e, "ack after commit failed; the receipt will absorb the redelivery");
         }
     }
 
@@ -414,7 +468,7 @@ impl Pipeline {
                 }
                 // Something in the message itself cannot be stored: keep
                 // what can be (payload, sequence, the reason and why).
-                tracing::error!(handler = %self.name, identity = ?message_id, error = %e, "cannot write the full dead letter; writing it without message id and headers");
+                tracing::error!(error = %e, "cannot write the full dead letter; writing it without message id and headers");
                 let fallback_reason = format!(
                     "{reason} (the full dead letter could not be written: {})",
                     e
@@ -430,10 +484,9 @@ impl Pipeline {
         };
         match written {
             Ok(()) => {
-                HandlerStats::incr(&self.stats.dead_lettered);
-                tracing::warn!(handler = %self.name, identity = ?message_id, stream_sequence = d.stream_sequence, %reason, "dead-lettered");
-                if let Err(e) = broker::term(d.msg).await {
-                    tracing::warn!(handler = %self.name, error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
+                tracing::warn!(%reason, "dead-lettered");
+                if let Err(e) = broker::settle(d.msg, Settlement::Term).await {
+                    tracing::warn!(error = %e, "term after dead letter failed; a redelivery will find the dead letter row already written");
                 }
                 Ok(Outcome::DeadLettered(reason.to_string()))
             }
@@ -443,40 +496,30 @@ impl Pipeline {
                 }
                 // The consumer has no JetStream max_deliver (idem enforces
                 // its own), so a nak always comes back: nothing is dropped.
-                HandlerStats::incr(&self.stats.retried);
-                tracing::error!(handler = %self.name, identity = ?message_id, error = %e, "cannot write the dead letter; naked, it will be tried again");
+                tracing::error!(error = %e, "cannot write the dead letter; naked, it will be tried again");
                 let delay = self.config.nak_delay(d.delivered);
-                if let Err(e) = broker::nak(d.msg, delay).await {
-                    tracing::warn!(handler = %self.name, error = %e, "nak failed; ack_wait will redeliver");
+                if let Err(e) = broker::settle(d.msg, Settlement::Nak(delay)).await {
+                    tracing::warn!(error = %e, "nak failed; ack_wait will redeliver");
                 }
                 Ok(Outcome::StoreFailed(format!("dead letter: {e}")))
             }
         }
     }
+}
 
-    /// A database step of the transaction failed: unreachable → `Err` (the
-    /// caller holds the message and waits); any other error (for example a
-    /// deferred constraint checked at COMMIT) is a failed transaction,
-    /// retried like a guest `retry` and dead-lettered on the last delivery.
-    async fn store_failed(
-        &self,
-        d: &Delivery<'_>,
-        identity: &str,
-        step: &'static str,
-        error: StoreError,
-    ) -> Result<Outcome, Unavailable> {
-        if let Some(hold) = Unavailable::of(step, &error) {
-            return Err(hold);
-        }
-        tracing::error!(handler = %self.name, %identity, %step, %error, "database step failed; rolled back");
-        match self
-            .retry_or_dead_letter(d, identity, format!("{step} failed: {error}"))
-            .await?
-        {
-            Outcome::Retried(reason) => Ok(Outcome::StoreFailed(reason)),
-            other => Ok(other),
-        }
+/// A database step of the transaction failed: unreachable or busy → `Err`
+/// (the caller holds the message and runs it again); any other error (for
+/// example a deferred constraint checked at COMMIT) is a failed attempt,
+/// retried like a guest `retry` and dead-lettered on the last delivery.
+fn store_failed(step: &'static str, error: StoreError) -> Result<Attempt, Unavailable> {
+    if let Some(hold) = Unavailable::of(step, &error) {
+        return Err(hold);
     }
+    tracing::error!(%step, %error, "database step failed; rolled back");
+    Ok(Attempt::StoreFailed {
+        step,
+        error: error.to_string(),
+    })
 }
 
 /// How the rollback after a failed guest call ended (see [`Pipeline::run_guest`]).

@@ -55,6 +55,8 @@ struct RunningHandler {
     pipeline: Arc<Pipeline>,
     consumer:
         async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
+    /// When the consumer's stream was created (a stream made again differs).
+    stream_created: time::OffsetDateTime,
 }
 
 /// Each handler's name and final counters, as [`Host::run`] returns them.
@@ -127,7 +129,7 @@ impl Host {
             if ensured.created && ensured.stored > 0 {
                 warn_if_replaying(&db, h, ensured.stored).await;
             }
-            let consumer = ensured.consumer;
+            let (consumer, stream_created) = (ensured.consumer, ensured.stream_created);
             check_horizon(js, h).await?;
             let clock = match clocks.iter().find(|(s, _)| *s == h.stream) {
                 Some((_, c)) => c.clone(),
@@ -160,7 +162,11 @@ impl Host {
                 }
             };
             let pipeline = Arc::new(pipeline);
-            handlers.push(RunningHandler { pipeline, consumer });
+            handlers.push(RunningHandler {
+                pipeline,
+                consumer,
+                stream_created,
+            });
         }
         Ok(Self {
             handlers,
@@ -202,6 +208,7 @@ impl Host {
                 Deliveries::new(
                     &self.nats,
                     h.consumer.clone(),
+                    h.stream_created,
                     h.pipeline.pull_batch,
                     &h.pipeline.config,
                     MAX_ACK_PENDING,

@@ -100,6 +100,99 @@ async fn a_deleted_stream_is_created_again() {
     host.stop().await;
 }
 
+/// `start = "new"`: a consumer deleted while messages are still pending is
+/// created again right after its last acknowledged message, not at "new"
+/// (which would skip everything published before the re-creation): all 220
+/// credits apply exactly once, none is dead-lettered.
+async fn a_consumer_created_again_skips_nothing_whatever_its_start(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("credit", "credit");
+    h.extra = "start = \"new\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    for i in 0..200 {
+        publish(&js, SUBJECT, &credit(&format!("a{i}"), 2, 1), &[]).await;
+    }
+    js.get_stream("ACCOUNTS")
+        .await
+        .unwrap()
+        .delete_consumer("credit")
+        .await
+        .unwrap();
+    for i in 200..220 {
+        publish(&js, SUBJECT, &credit(&format!("a{i}"), 2, 1), &[]).await;
+    }
+    let s = host
+        .wait_for_within(
+            "credit",
+            "220 credits after the consumer was deleted",
+            Duration::from_secs(60),
+            |s| s.processed == 220,
+        )
+        .await;
+    assert_eq!((s.processed, s.dead_lettered), (220, 0));
+    assert_eq!(s.delivered, s.processed + s.duplicates);
+    assert_eq!(db.balance(2).await, Some(220));
+    assert_eq!(db.receipts("credit").await, 220);
+    host.stop().await;
+}
+on_both_databases!(
+    a_consumer_created_again_skips_nothing_whatever_its_start,
+    a_consumer_created_again_skips_nothing_whatever_its_start
+);
+
+/// `start = "seq:3"` on a stream that is deleted and created again: the new
+/// stream's sequences start over and every message in it is new, so its
+/// consumer starts at the first one (not at 3, which would skip two).
+#[tokio::test]
+async fn a_stream_created_again_is_read_from_its_first_message() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("credit", "credit");
+    h.extra = "start = \"seq:3\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    for i in 0..5 {
+        publish(&js, SUBJECT, &credit(&format!("p{i}"), 1, 1), &[]).await;
+    }
+    host.wait_for("credit", "p2..p4", |s| s.processed == 3)
+        .await;
+    assert_eq!(db.balance(1).await, Some(3));
+    js.delete_stream("ACCOUNTS").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(s) = js.get_stream("ACCOUNTS").await
+            && s.consumer_info("credit").await.is_ok()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream was not created again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..5 {
+        publish(&js, SUBJECT, &credit(&format!("q{i}"), 2, 1), &[]).await;
+    }
+    let s = host
+        .wait_for_within(
+            "credit",
+            "q0..q4 in the stream created again",
+            Duration::from_secs(30),
+            |s| s.processed == 8,
+        )
+        .await;
+    assert_eq!((s.processed, s.duplicates, s.dead_lettered), (8, 0, 0));
+    assert_eq!(db.balance(2).await, Some(5));
+    host.stop().await;
+}
+
 /// The stream is deleted and another stream takes its subjects, so idem
 /// cannot create its own again: the host logs why, and `idem run` exits
 /// non-zero with one line after the grace period.

@@ -149,7 +149,11 @@ impl CorpusHost {
             "max_deliver = 1\nretry_delay = \"100ms\"\ndeadline = \"{deadline}\"\nmax_statements = 5000\nmax_param_kib = 512\n"
         );
         let mut well = HandlerSpec::new(WELL, "credit");
-        well.extra = String::new();
+        // Hostile statements can hold SQLite's write lock for their whole
+        // deadline: small pulls and a long ack_wait keep a well-behaved
+        // message from waiting in the client past ack_wait (a redelivery,
+        // then counted as a duplicate), however slow the machine.
+        well.extra = "ack_wait = \"120s\"\npull_batch = 2\n".into();
         let cfg = write_config(dir.path(), &nats, &db, &[hostile, well]);
         let host = HostProcess::spawn(
             Path::new(env!("CARGO_BIN_EXE_idem-test-host")),
