@@ -382,16 +382,18 @@ impl Deliveries {
     /// its receipt) while the stream is the same one; at the first message
     /// when the stream is gone or was created again (its sequences start
     /// over and every message in it is new). The handler's `start` applies
-    /// only to a consumer's first creation. `None`: the stream could not be
-    /// read, try again later.
-    async fn resume_policy(&self) -> Option<DeliverPolicy> {
+    /// only to a consumer's first creation.
+    ///
+    /// # Errors
+    /// The stream could not be read (other than "not found").
+    async fn resume_policy(&self) -> anyhow::Result<DeliverPolicy> {
         match self.js.get_stream(&self.handler.stream).await {
             Ok(s) if s.cached_info().created == self.stream_created => {
-                Some(DeliverPolicy::ByStartSequence {
+                Ok(DeliverPolicy::ByStartSequence {
                     start_sequence: self.ack_floor + 1,
                 })
             }
-            Ok(_) => Some(DeliverPolicy::All),
+            Ok(_) => Ok(DeliverPolicy::All),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -399,9 +401,12 @@ impl Deliveries {
                         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
                 ) =>
             {
-                Some(DeliverPolicy::All)
+                Ok(DeliverPolicy::All)
             }
-            Err(_) => None,
+            Err(e) => Err(anyhow::Error::new(e).context(format!(
+                "handler `{}`: cannot read stream `{}`",
+                self.handler.name, self.handler.stream
+            ))),
         }
     }
 
@@ -423,11 +428,16 @@ impl Deliveries {
     /// outage (the client reconnects); one while it is up is logged once, and
     /// after [`CONSUMER_LOST_GRACE`] is [`ConsumerLost`].
     async fn restore(&mut self) -> Result<(), ConsumerLost> {
-        let Some(policy) = self.resume_policy().await else {
-            return Ok(());
+        let ensured = match self.resume_policy().await {
+            Ok(policy) => {
+                ensure_consumer_from(&self.js, &self.handler, self.max_ack_pending, policy)
+                    .await
+                    .map(|e| (e, policy))
+            }
+            Err(e) => Err(e),
         };
-        match ensure_consumer_from(&self.js, &self.handler, self.max_ack_pending, policy).await {
-            Ok(ensured) => {
+        match ensured {
+            Ok((ensured, policy)) => {
                 let consumer = ensured.consumer;
                 if consumer.cached_info().created != self.consumer.cached_info().created {
                     match policy {

@@ -10,6 +10,25 @@ use std::time::{Duration, Instant};
 
 const SUBJECT: &str = "accounts.credit";
 
+/// Waits (30 s at most) until the host has created stream ACCOUNTS, with
+/// the handler's subject, and its `credit` consumer again.
+async fn wait_until_created_again(js: &async_nats::jetstream::Context) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut s) = js.get_stream("ACCOUNTS").await
+            && s.info().await.unwrap().config.subjects == vec![SUBJECT.to_string()]
+            && s.consumer_info("credit").await.is_ok()
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream was not created again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Deleted consumer: created again; the credit published after applies,
 /// the one applied before is delivered again and skipped by its receipt.
 async fn a_deleted_consumer_is_created_again(backend: Backend) {
@@ -72,20 +91,7 @@ async fn a_deleted_stream_is_created_again() {
     publish(&js, SUBJECT, &credit("c1", 1, 10), &[]).await;
     host.wait_for("credit", "c1", |s| s.processed == 1).await;
     js.delete_stream("ACCOUNTS").await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut s) = js.get_stream("ACCOUNTS").await
-            && s.info().await.unwrap().config.subjects == vec![SUBJECT.to_string()]
-            && s.consumer_info("credit").await.is_ok()
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stream was not created again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_created_again(&js).await;
     publish(&js, SUBJECT, &credit("c2", 1, 5), &[]).await;
     let s = host
         .wait_for_within(
@@ -164,19 +170,7 @@ async fn a_stream_created_again_is_read_from_its_first_message() {
         .await;
     assert_eq!(db.balance(1).await, Some(3));
     js.delete_stream("ACCOUNTS").await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(s) = js.get_stream("ACCOUNTS").await
-            && s.consumer_info("credit").await.is_ok()
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stream was not created again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_created_again(&js).await;
     for i in 0..5 {
         publish(&js, SUBJECT, &credit(&format!("q{i}"), 2, 1), &[]).await;
     }
