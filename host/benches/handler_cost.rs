@@ -59,7 +59,7 @@ mod common;
 use anyhow::{Context as _, Result, bail, ensure};
 use common::{fmt_ns, median, ns_since};
 use idem::runtime::{
-    GuestMessage, HandlerModule, Invocation, Limits, LoadError, LoadOptions, Runtime,
+    GuestMessage, HandlerComponent, Invocation, Limits, LoadError, LoadOptions, Runtime,
 };
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, Receipt, SqlValue, Tx};
@@ -110,7 +110,7 @@ struct CreditEvent {
 
 /// A component that loaded, with what it took.
 struct Loaded {
-    module: Arc<HandlerModule>,
+    module: Arc<HandlerComponent>,
     compile_ns: f64,
 }
 
@@ -129,7 +129,7 @@ struct Component {
 enum Worker<'a> {
     ReceiptOnly,
     Native,
-    Guest(&'a HandlerModule),
+    Guest(&'a HandlerComponent),
 }
 
 /// Medians of one subject on one database, or why it stopped.
@@ -173,7 +173,7 @@ async fn main() -> Result<()> {
             loaded,
         });
     }
-    let modules: Vec<&HandlerModule> = components
+    let modules: Vec<&HandlerComponent> = components
         .iter()
         .filter_map(|c| match &c.loaded {
             Some(Ok(l)) => Some(&*l.module),
@@ -256,7 +256,7 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-fn file_name(m: &HandlerModule) -> String {
+fn file_name(m: &HandlerComponent) -> String {
     m.path()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -12,6 +12,7 @@ pub mod broker_config;
 pub mod cli;
 pub mod config;
 pub mod fault;
+pub mod handler;
 pub mod health;
 pub mod identity;
 pub mod metrics;

@@ -15,17 +15,23 @@
 //!
 //! Ack only after commit; never ack a message whose effect is not durable,
 //! except one whose dead letter is durable first.
+//!
+//! The transaction itself (receipt, role, guest, COMMIT) is the prepared
+//! handler's step, [`PreparedHandler::apply`], which `idem dlq redrive` runs
+//! too; this module adds what belongs to a delivery: its message id, the
+//! horizon, the verdict ([`crate::verdict`]), the settlement toward the
+//! broker, the counters, and holding the delivery while the database is
+//! unavailable.
 
 use crate::broker::{self, Settlement};
 use crate::broker_clock::{self, BrokerClock};
-use crate::config::{HandlerConfig, IdentityRule};
+use crate::config::HandlerConfig;
 use crate::fault;
+use crate::handler::{Applied, PreparedHandler, Rollback, StepFailed};
 use crate::health::{self, DbHealth};
 use crate::metrics::HandlerStats;
-use crate::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, Runtime};
-use crate::sql_guard::SqlGuard;
-use crate::store::Tx;
-use crate::store::{Database, DeadLetter, Receipt, StoreError};
+use crate::runtime::{GuestMessage, HandlerFailure};
+use crate::store::{Database, DeadLetter, StoreError};
 use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
 use async_nats::jetstream::Message;
 use std::sync::Arc;
@@ -37,33 +43,18 @@ const HOLD_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between two runs of a held message.
 const HOLD_MAX: Duration = Duration::from_secs(5);
 
-/// Everything one handler needs to run the protocol on its messages.
+/// Everything one handler needs to run the protocol on its messages: the
+/// prepared handler, its config (stream, message id rule, delivery and
+/// retry settings, retention), the broker's clock, the database and the
+/// database gate. Built by [`Pipeline::new`]; read through its accessors.
 pub struct Pipeline {
-    pub name: Arc<str>,
-    pub stream: String,
-    pub identity: IdentityRule,
-    pub max_deliver: u32,
-    pub pull_batch: usize,
-    /// The handler's config, for its nak delays ([`HandlerConfig::nak_delay`]).
-    pub config: HandlerConfig,
-    pub statement_timeout: Duration,
-    /// The retention window: a message published longer ago than this
-    /// (on the broker's clock) is quarantined (ARCHITECTURE.md invariant 7).
-    pub retention: Duration,
+    handler: PreparedHandler,
+    config: HandlerConfig,
     /// The broker's clock, which the retention window is measured on.
-    pub clock: Arc<BrokerClock>,
-    /// PostgreSQL role the guest's statements run as (defence in depth), if set up.
-    pub db_role: Option<String>,
-    pub module: Arc<HandlerModule>,
-    pub guard: Arc<SqlGuard>,
-    pub limits: Limits,
-    pub runtime: Arc<Runtime>,
-    pub db: Arc<Database>,
-    pub stats: Arc<HandlerStats>,
+    clock: Arc<BrokerClock>,
+    db: Arc<Database>,
     /// The host's database availability gate, shared by every handler.
-    pub health: Arc<DbHealth>,
-    /// Messages this handler runs at once (config `concurrency`).
-    pub concurrency: usize,
+    health: Arc<DbHealth>,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -82,45 +73,43 @@ pub enum Outcome {
 }
 
 impl Pipeline {
-    /// Builds the pipeline for one configured handler. `health`: the host's
-    /// database gate (one per [`Database`], shared by every handler).
+    /// The pipeline of `cfg`'s handler, prepared as `handler`. `health`:
+    /// the host's database gate (one per [`Database`], shared by every
+    /// handler); `clock`: the broker's clock of the handler's stream.
     pub fn new(
         cfg: &HandlerConfig,
-        module: Arc<HandlerModule>,
-        runtime: Arc<Runtime>,
+        handler: PreparedHandler,
         db: Arc<Database>,
         health: Arc<DbHealth>,
         clock: Arc<BrokerClock>,
     ) -> Self {
-        let limits = Limits {
-            deadline: cfg.deadline,
-            max_memory_bytes: cfg.max_memory_mib as usize * 1024 * 1024,
-            max_statements: cfg.max_statements,
-            max_rows: cfg.max_rows,
-            max_result_bytes: cfg.max_result_kib.saturating_mul(1024),
-            max_param_bytes: cfg.max_param_kib.saturating_mul(1024),
-            max_log_bytes: cfg.max_log_kib.saturating_mul(1024),
-        };
         Self {
-            name: Arc::from(cfg.name.as_str()),
-            stream: cfg.stream.clone(),
-            identity: cfg.identity.clone(),
-            max_deliver: cfg.max_deliver,
-            pull_batch: cfg.effective_pull_batch(),
+            handler,
             config: cfg.clone(),
-            statement_timeout: cfg.statement_timeout(),
-            retention: cfg.retention,
             clock,
-            db_role: None,
-            guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
-            module,
-            limits,
-            runtime,
             db,
-            stats: Arc::new(HandlerStats::default()),
             health,
-            concurrency: cfg.concurrency,
         }
+    }
+
+    /// The handler's name (= its durable consumer's name).
+    pub fn name(&self) -> &Arc<str> {
+        self.handler.name()
+    }
+
+    /// The handler's counters.
+    pub fn stats(&self) -> &Arc<HandlerStats> {
+        self.handler.stats()
+    }
+
+    /// The handler's config.
+    pub fn config(&self) -> &HandlerConfig {
+        &self.config
+    }
+
+    /// The broker's clock of the handler's stream.
+    pub fn clock(&self) -> &Arc<BrokerClock> {
+        &self.clock
     }
 
     /// Runs the protocol for one delivery, including its ack / nak / term,
@@ -133,7 +122,7 @@ impl Pipeline {
     /// from the start (the receipt decides whether an earlier COMMIT whose
     /// outcome was unknown had happened). An outage spends no deliveries.
     pub async fn process(&self, msg: &Message) -> Outcome {
-        HandlerStats::incr(&self.stats.delivered);
+        HandlerStats::incr(&self.handler.stats().delivered);
         let (stream_sequence, delivered, published_ns) = match msg.info() {
             Ok(info) => (
                 info.stream_sequence,
@@ -142,7 +131,7 @@ impl Pipeline {
             ),
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
-                tracing::error!(handler = %self.name, error = %e, "message without JetStream metadata; ignored");
+                tracing::error!(handler = %self.handler.name(), error = %e, "message without JetStream metadata; ignored");
                 return Outcome::Unsettled(format!("no JetStream metadata: {e}"));
             }
         };
@@ -167,7 +156,7 @@ impl Pipeline {
         };
         let span = tracing::info_span!(
             "delivery",
-            handler = %self.name,
+            handler = %self.handler.name(),
             stream_sequence,
             delivery = delivered,
             message_id = tracing::field::Empty,
@@ -194,7 +183,7 @@ impl Pipeline {
             match settled {
                 Ok(outcome) => return outcome,
                 Err(Unavailable { step, error, busy }) => {
-                    HandlerStats::incr(&self.stats.db_pauses);
+                    HandlerStats::incr(&self.handler.stats().db_pauses);
                     let go_on = if busy {
                         tracing::debug!(%step, %error, "database busy; running the message again shortly");
                         self.health.pause(backoff).await
@@ -202,7 +191,9 @@ impl Pipeline {
                         // Back off as well: a database that answers the probe
                         // but still fails this step (say, disk full) must not
                         // make this a hot loop.
-                        self.health.wait_until_up(&self.name, step, &error).await
+                        self.health
+                            .wait_until_up(self.handler.name(), step, &error)
+                            .await
                             && (backoff == HOLD_FIRST || self.health.pause(backoff).await)
                     };
                     if !go_on {
@@ -225,7 +216,7 @@ impl Pipeline {
         let (identity, attempt) = self.attempt(d).await?;
         let count = DeliveryCount {
             delivered: d.delivered,
-            max_deliver: self.max_deliver,
+            max_deliver: self.config.max_deliver,
         };
         let verdict = verdict::decide(&attempt, count, self.config.nak_delay(d.delivered));
         let outcome = self
@@ -238,13 +229,13 @@ impl Pipeline {
     /// Bumps the handler's counters for one settled delivery.
     fn count(&self, attempt: &Attempt, outcome: &Outcome) {
         if matches!(attempt, Attempt::GuestFailed(HandlerFailure::Trap(_))) {
-            HandlerStats::incr(&self.stats.traps);
+            HandlerStats::incr(&self.handler.stats().traps);
         }
         let counter = match outcome {
-            Outcome::Processed => &self.stats.processed,
-            Outcome::Duplicate => &self.stats.duplicates,
-            Outcome::Retried(_) | Outcome::StoreFailed(_) => &self.stats.retried,
-            Outcome::DeadLettered(_) => &self.stats.dead_lettered,
+            Outcome::Processed => &self.handler.stats().processed,
+            Outcome::Duplicate => &self.handler.stats().duplicates,
+            Outcome::Retried(_) | Outcome::StoreFailed(_) => &self.handler.stats().retried,
+            Outcome::DeadLettered(_) => &self.handler.stats().dead_lettered,
             Outcome::Unsettled(_) => return,
         };
         HandlerStats::incr(counter);
@@ -256,7 +247,7 @@ impl Pipeline {
     /// not be used (nothing committed).
     async fn attempt(&self, d: &Delivery<'_>) -> Result<(Option<String>, Attempt), Unavailable> {
         let identity = match crate::identity::extract(
-            &self.identity,
+            &self.config.identity,
             d.msg.headers.as_ref(),
             &d.msg.payload,
         ) {
@@ -268,49 +259,15 @@ impl Pipeline {
         Ok((Some(identity), attempt))
     }
 
+    /// BEGIN, then the handler's transaction step
+    /// ([`PreparedHandler::apply`]) with the horizon as its admission check,
+    /// and how it ended as an [`Attempt`].
     async fn transaction(&self, d: &Delivery<'_>, identity: &str) -> Result<Attempt, Unavailable> {
-        let mut tx = match self.db.begin_bounded(self.statement_timeout).await {
+        let tx = match self.handler.begin(&self.db).await {
             Ok(tx) => tx,
             Err(e) => return store_failed("BEGIN", e),
         };
-        let receipt = Receipt {
-            consumer: &self.name,
-            message_id: identity,
-            stream_sequence: d.stream_sequence,
-            module_digest: self.module.digest(),
-            published_ms: d.published_ms,
-        };
-        match tx.insert_receipt(&receipt).await {
-            Ok(true) => {}
-            Ok(false) => {
-                if let Err(e) = tx.rollback().await {
-                    tracing::warn!(error = %e, "rollback of a duplicate failed");
-                }
-                return Ok(Attempt::Duplicate);
-            }
-            Err(e) => {
-                let _ = tx.rollback().await;
-                return store_failed("receipt insert", e);
-            }
-        }
-        // No receipt, but beyond the memory horizon: the receipt that would
-        // recognise this message may have been pruned, so it cannot be
-        // proven new; quarantined before any guest code (ARCHITECTURE.md
-        // invariant 7). Judged after the insert, so a prune that deleted
-        // the receipt before it is seen here.
-        if let Some(reason) = self.beyond_horizon(d.published_ms) {
-            if let Err(e) = tx.rollback().await {
-                tracing::warn!(error = %e, "rollback before quarantine failed");
-            }
-            return Ok(Attempt::BeyondHorizon(reason));
-        }
-        if let Some(role) = &self.db_role
-            && let Err(e) = tx.enter_handler_role(role).await
-        {
-            let _ = tx.rollback().await;
-            return store_failed("SET LOCAL ROLE", e);
-        }
-        let guest_msg = GuestMessage {
+        let msg = GuestMessage {
             identity: identity.to_owned(),
             subject: d.subject.clone(),
             headers: d.headers.clone(),
@@ -319,14 +276,24 @@ impl Pipeline {
             delivery_count: d.delivered,
             published_ms: d.published_ms,
         };
-        match self.run_guest(tx, identity, guest_msg).await {
-            Ok(tx) => match tx.commit().await {
-                Ok(()) => Ok(Attempt::Committed),
-                // Failed, or outcome unknown: never ack. An unknown outcome
-                // runs again, where the receipt decides.
-                Err(e) => store_failed("COMMIT", e),
-            },
-            Err((failure, Rollback::Failed(e))) if health::is_unavailable(&e) => {
+        // No receipt, but beyond the memory horizon: the receipt that would
+        // recognise this message may have been pruned, so it cannot be
+        // proven new; quarantined before any guest code (ARCHITECTURE.md
+        // invariant 7). Judged after the receipt insert, so a prune that
+        // deleted the receipt before it is seen here.
+        let admit = || self.beyond_horizon(d.published_ms);
+        match self.handler.apply(tx, msg, admit).await {
+            Ok(Applied::Committed) => Ok(Attempt::Committed),
+            Ok(Applied::Duplicate(tx)) => {
+                if let Err(e) = tx.rollback().await {
+                    tracing::warn!(error = %e, "rollback of a duplicate failed");
+                }
+                Ok(Attempt::Duplicate)
+            }
+            Ok(Applied::Refused(reason)) => Ok(Attempt::BeyondHorizon(reason)),
+            Ok(Applied::GuestFailed(failure, Rollback::Failed(e)))
+                if health::is_unavailable(&e) =>
+            {
                 // The connection broke under the guest: its verdict came from
                 // failed statements, not from the message. Run it again.
                 Err(Unavailable {
@@ -335,7 +302,10 @@ impl Pipeline {
                     busy: false,
                 })
             }
-            Err((failure, _)) => Ok(Attempt::GuestFailed(failure)),
+            Ok(Applied::GuestFailed(failure, _)) => Ok(Attempt::GuestFailed(failure)),
+            // Failed, or at COMMIT outcome unknown: never ack. An unknown
+            // outcome runs again, where the receipt decides.
+            Err(StepFailed { step, error }) => store_failed(step, error),
         }
     }
 
@@ -382,60 +352,22 @@ impl Pipeline {
         }
     }
 
-    /// Runs the guest on `msg` inside `tx`, which already holds the message's
-    /// new receipt (and, on PostgreSQL, the handler role). `Ok(tx)`: the
-    /// guest succeeded, commit `tx`. `Err`: the guest failed and `tx` was
-    /// rolled back, bounded by `statement_timeout` + 5 s (a statement the
-    /// runtime abandoned at the deadline is cancelled by the statement
-    /// timeout first); how the rollback ended is returned with the failure.
-    /// Used by the pipeline and by `idem dlq redrive`.
-    pub async fn run_guest(
-        &self,
-        tx: Tx,
-        identity: &str,
-        msg: GuestMessage,
-    ) -> Result<Tx, (HandlerFailure, Rollback)> {
-        let call = Invocation {
-            handler: self.name.clone(),
-            identity: identity.to_owned(),
-            guard: self.guard.clone(),
-            limits: self.limits.clone(),
-            stats: self.stats.clone(),
-        };
-        let (result, tx) = self.runtime.handle(&self.module, &call, tx, msg).await;
-        let Err(failure) = result else {
-            return Ok(tx);
-        };
-        let bound = self.statement_timeout + Duration::from_secs(5);
-        let rollback = match tokio::time::timeout(bound, tx.rollback()).await {
-            Ok(Ok(())) => Rollback::Done,
-            Ok(Err(e)) => {
-                tracing::warn!(handler = %self.name, %identity, error = %e, "rollback failed (the connection is discarded; nothing was committed)");
-                Rollback::Failed(e)
-            }
-            Err(_) => {
-                tracing::error!(handler = %self.name, %identity, "rollback did not finish within {bound:?}; connection abandoned, nothing was committed");
-                Rollback::TimedOut
-            }
-        };
-        Err((failure, rollback))
-    }
-
     /// `Some(reason)` when a message published at `published_ms` (Unix ms,
     /// the broker's clock) is older than the retention window by the
     /// broker's clock now.
     fn beyond_horizon(&self, published_ms: i64) -> Option<String> {
-        let age = broker_clock::beyond_horizon(published_ms, self.clock.now_ms(), self.retention)?;
+        let age =
+            broker_clock::beyond_horizon(published_ms, self.clock.now_ms(), self.config.retention)?;
         Some(format!(
             "beyond-horizon: published {} ago, older than the retention window of {}; its receipt may be pruned, so it cannot be proven new",
             humantime::format_duration(Duration::from_secs(age.as_secs())),
-            humantime::format_duration(self.retention)
+            humantime::format_duration(self.config.retention)
         ))
     }
 
     async fn confirm_ack(&self, msg: &Message) {
         if let Err(e) = broker::settle(msg, Settlement::Ack).await {
-            HandlerStats::incr(&self.stats.ack_failures);
+            HandlerStats::incr(&self.handler.stats().ack_failures);
             tracing::warn!(error = %e, "ack after commit failed; the receipt will absorb the redelivery");
         }
     }
@@ -450,9 +382,9 @@ impl Pipeline {
         reason: &str,
     ) -> Result<Outcome, Unavailable> {
         let dl = DeadLetter {
-            consumer: &self.name,
+            consumer: self.handler.name(),
             message_id,
-            stream: &self.stream,
+            stream: &self.config.stream,
             stream_sequence: d.stream_sequence,
             published_ns: d.published_ns,
             subject: &d.subject,
@@ -520,17 +452,6 @@ fn store_failed(step: &'static str, error: StoreError) -> Result<Attempt, Unavai
         step,
         error: error.to_string(),
     })
-}
-
-/// How the rollback after a failed guest call ended (see [`Pipeline::run_guest`]).
-/// In every case nothing of the transaction was committed.
-#[derive(Debug)]
-pub enum Rollback {
-    Done,
-    /// The rollback itself failed (the connection is discarded).
-    Failed(StoreError),
-    /// It did not finish within `statement_timeout` + 5 s; the connection was abandoned.
-    TimedOut,
 }
 
 /// One delivery as the protocol reads it.

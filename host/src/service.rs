@@ -7,6 +7,7 @@
 use crate::broker::{self, Deliveries};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::Config;
+use crate::handler::PreparedHandler;
 use crate::health::DbHealth;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
@@ -146,21 +147,8 @@ impl Host {
             if h.effective_pull_batch() != h.pull_batch {
                 tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
-            let mut pipeline = Pipeline::new(
-                h,
-                module,
-                runtime.clone(),
-                db.clone(),
-                health.clone(),
-                clock,
-            );
-            pipeline.db_role = match db.prepare_handler_role(&h.name, &h.tables).await {
-                Ok(role) => role,
-                Err(e) => {
-                    tracing::warn!(handler = %h.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
-                    None
-                }
-            };
+            let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
+            let pipeline = Pipeline::new(h, handler, db.clone(), health.clone(), clock);
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler {
                 pipeline,
@@ -192,7 +180,7 @@ impl Host {
     pub fn stats(&self) -> Vec<(Arc<str>, Arc<HandlerStats>)> {
         self.handlers
             .iter()
-            .map(|h| (h.pipeline.name.clone(), h.pipeline.stats.clone()))
+            .map(|h| (h.pipeline.name().clone(), h.pipeline.stats().clone()))
             .collect()
     }
 
@@ -209,8 +197,8 @@ impl Host {
                     &self.nats,
                     h.consumer.clone(),
                     h.stream_created,
-                    h.pipeline.pull_batch,
-                    &h.pipeline.config,
+                    h.pipeline.config().effective_pull_batch(),
+                    h.pipeline.config(),
                     MAX_ACK_PENDING,
                 ),
                 self.health.clone(),
@@ -227,10 +215,10 @@ impl Host {
             self.handlers
                 .iter()
                 .map(|h| PruneTarget {
-                    name: h.pipeline.name.clone(),
-                    retention: h.pipeline.retention,
-                    clock: h.pipeline.clock.clone(),
-                    stats: h.pipeline.stats.clone(),
+                    name: h.pipeline.name().clone(),
+                    retention: h.pipeline.config().retention,
+                    clock: h.pipeline.clock().clone(),
+                    stats: h.pipeline.stats().clone(),
                 })
                 .collect(),
         ));
@@ -293,7 +281,9 @@ async fn consume(
     mut stop: watch::Receiver<bool>,
     lost: Lost,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(pipeline.concurrency.max(1)));
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        pipeline.config().concurrency.max(1),
+    ));
     let mut in_flight = tokio::task::JoinSet::new();
     loop {
         let slot = tokio::select! {
@@ -316,7 +306,7 @@ async fn consume(
         let msg = match msg {
             Ok(msg) => msg,
             Err(e) => {
-                tracing::error!(handler = %pipeline.name, error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
+                tracing::error!(handler = %pipeline.name(), error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
                 let _ = lost.failure.set(e.0);
                 let _ = lost.stop.send(true);
                 break;
@@ -329,7 +319,7 @@ async fn consume(
         });
         while let Some(done) = in_flight.try_join_next() {
             if let Err(e) = done {
-                tracing::error!(handler = %pipeline.name, error = %e, "a message task failed; its message is redelivered after ack_wait");
+                tracing::error!(handler = %pipeline.name(), error = %e, "a message task failed; its message is redelivered after ack_wait");
             }
         }
     }

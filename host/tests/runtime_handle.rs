@@ -8,7 +8,7 @@ mod common;
 use common::guest;
 
 use idem::runtime::{
-    GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
+    GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, LoadOptions, Runtime,
 };
 use idem::sql_guard::SqlGuard;
 use idem::store::{DbKind, Tx};
@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
-static BEHAVE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
+static BEHAVE: LazyLock<Arc<HandlerComponent>> = LazyLock::new(|| {
     RUNTIME
         .load(&guest("behave.wasm"), LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"))

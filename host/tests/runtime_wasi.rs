@@ -10,7 +10,7 @@ mod common;
 use common::guest;
 
 use idem::runtime::{
-    GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, LoadOptions, Runtime,
+    GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, LoadOptions, Runtime,
 };
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DbKind, Receipt};
@@ -25,7 +25,7 @@ static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runt
 
 const WASI: LoadOptions = LoadOptions { wasi: true };
 
-static PROBE: LazyLock<Arc<HandlerModule>> = LazyLock::new(|| {
+static PROBE: LazyLock<Arc<HandlerComponent>> = LazyLock::new(|| {
     RUNTIME
         .load(&guest("wasi-probe.wasm"), WASI)
         .unwrap_or_else(|e| panic!("{e}"))
@@ -87,7 +87,7 @@ fn message(identity: &str, payload: &Json) -> GuestMessage {
 /// `None` for a duplicate.
 async fn process(
     db: &Db,
-    module: &HandlerModule,
+    module: &HandlerComponent,
     call: &Invocation,
     payload: &Json,
 ) -> Option<Result<(), HandlerFailure>> {

@@ -4,28 +4,27 @@
 //! ```text
 //! BEGIN (bounded like a message's transaction)
 //!   DELETE the dead-letter row RETURNING it   (locks it: a second redrive waits)
+//!   the handler's transaction step, as `idem run` runs it (PreparedHandler::apply):
 //!   INSERT receipt (handler, message id) ON CONFLICT DO NOTHING
 //!     0 rows → COMMIT (the effect is already there; only the row goes)
-//!   SET LOCAL ROLE idem_handler_<name>        (PostgreSQL, as `idem run`)
+//!   SET LOCAL ROLE idem_handler_<name>        (PostgreSQL, when set up)
 //!   run the guest on the stored message
 //!     ok                   → COMMIT: effect, receipt and removal together
 //!     retry / reject / trap → ROLLBACK: nothing changed, the row stays
 //! ```
 //!
-//! The handler's component, SQL guard, limits and role are set up as
-//! `idem run` sets them up ([`Pipeline::new`], [`Runtime::load`],
-//! [`Database::prepare_handler_role`]). The guest sees the stored subject,
-//! headers, payload and stream sequence, `delivery_count` 1, and as
-//! `published_ms` the time the message was dead-lettered (the publish time
-//! is not stored; it is no earlier than that).
+//! The handler is prepared as `idem run` prepares it
+//! ([`PreparedHandler::prepare`]). A redrive is the operator's decision: it
+//! never judges the horizon. The guest sees the stored subject, headers,
+//! payload and stream sequence, `delivery_count` 1, and the message's
+//! publish time (for a row from before idem stored it, the time it was
+//! dead-lettered, which is no earlier).
 
 use super::{count, printable};
-use crate::broker_clock::BrokerClock;
 use crate::config::{Config, HandlerConfig};
-use crate::health::DbHealth;
-use crate::pipeline::Pipeline;
+use crate::handler::{Applied, PreparedHandler, StepFailed};
 use crate::runtime::{GuestMessage, LoadOptions, Runtime};
-use crate::store::{Database, DeadLetterRow, Receipt, StoreError};
+use crate::store::{Database, DeadLetterRow, StoreError};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -44,94 +43,72 @@ pub enum Redriven {
     CommitUnknown(String),
 }
 
-/// One handler, loaded as `idem run` loads it, ready to redrive its dead letters.
+/// One handler, prepared as `idem run` prepares it, ready to redrive its
+/// dead letters.
 pub struct Redriver {
-    pipeline: Pipeline,
-    /// Ends the health gate's waits; the admin command never waits for the database.
-    _stop: tokio::sync::watch::Sender<bool>,
+    handler: PreparedHandler,
+    db: Arc<Database>,
 }
 
 impl Redriver {
-    /// Loads `handler`'s component and prepares its guard, limits and
-    /// (PostgreSQL) role. A role that cannot be set up is warned about and
-    /// the guard alone checks the statements, as in `idem run`.
+    /// Loads `handler`'s component and prepares it
+    /// ([`PreparedHandler::prepare`]).
+    ///
+    /// # Errors
+    /// The wasm runtime cannot start, or the component cannot be loaded
+    /// (one line naming the handler and what to do).
     pub async fn new(handler: &HandlerConfig, db: Arc<Database>) -> anyhow::Result<Self> {
         let runtime = Arc::new(
             Runtime::new().map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
         );
-        let module = runtime
+        let component = runtime
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
-        let stop = tokio::sync::watch::Sender::new(true);
-        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
-        // A redrive is the operator's decision: it never judges the horizon,
-        // so the broker's clock is not read (admin commands never contact the
-        // broker); this stand-in is never consulted.
-        let clock = Arc::new(BrokerClock::new(0, std::time::Instant::now()));
-        let mut pipeline = Pipeline::new(handler, module, runtime, db.clone(), health, clock);
-        pipeline.db_role = match db
-            .prepare_handler_role(&handler.name, &handler.tables)
-            .await
-        {
-            Ok(role) => role,
-            Err(e) => {
-                tracing::warn!(handler = %handler.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
-                None
-            }
-        };
-        Ok(Self {
-            pipeline,
-            _stop: stop,
-        })
+        let handler = PreparedHandler::prepare(handler, component, runtime, &db).await;
+        Ok(Self { handler, db })
     }
 
     /// Redrives dead letter `id` in one transaction (see the module docs).
     /// `identity` is its message id, read before: a row without one is
-    /// never passed here. Errors: a database step before COMMIT failed
-    /// (rolled back; a failed COMMIT is [`Redriven::CommitUnknown`]).
+    /// never passed here.
+    ///
+    /// # Errors
+    /// A database step before COMMIT failed (rolled back; a failed COMMIT
+    /// is [`Redriven::CommitUnknown`]).
     pub async fn redrive(&self, id: i64, identity: &str) -> Result<Redriven, StoreError> {
-        let p = &self.pipeline;
-        let mut tx = p.db.begin_bounded(p.statement_timeout).await?;
+        let mut tx = self.handler.begin(&self.db).await?;
         let Some(row) = tx.take_dead_letter(id).await? else {
             tx.rollback().await?;
             return Ok(Redriven::Gone);
         };
-        if row.consumer != *p.name || row.message_id.as_deref() != Some(identity) {
+        if row.consumer != **self.handler.name() || row.message_id.as_deref() != Some(identity) {
             // Not the row that was read (ids are never reused; this is a guard).
             tx.rollback().await?;
             return Ok(Redriven::Gone);
         }
-        let receipt = Receipt {
-            consumer: &p.name,
-            message_id: identity,
-            stream_sequence: row.stream_sequence,
-            module_digest: p.module.digest(),
-            published_ms: receipt_published_ms(&row),
-        };
-        if !tx.insert_receipt(&receipt).await? {
-            return Ok(match tx.commit().await {
+        match self.handler.apply(tx, message(row), || None).await {
+            Ok(Applied::Committed) => Ok(Redriven::Processed),
+            Ok(Applied::Duplicate(tx)) => Ok(match tx.commit().await {
                 Ok(()) => Redriven::AlreadyProcessed,
                 Err(e) => Redriven::CommitUnknown(e.to_string()),
-            });
-        }
-        if let Some(role) = &p.db_role {
-            tx.enter_handler_role(role).await?;
-        }
-        match p.run_guest(tx, identity, message(row)).await {
-            Ok(tx) => Ok(match tx.commit().await {
-                Ok(()) => Redriven::Processed,
-                Err(e) => Redriven::CommitUnknown(e.to_string()),
             }),
-            Err((failure, _rollback)) => Ok(Redriven::Failed(failure.reason())),
+            Ok(Applied::GuestFailed(failure, _rollback)) => Ok(Redriven::Failed(failure.reason())),
+            // Never refused: the admission check above admits every message.
+            Ok(Applied::Refused(reason)) => Ok(Redriven::Failed(reason)),
+            Err(StepFailed {
+                step: "COMMIT",
+                error,
+            }) => Ok(Redriven::CommitUnknown(error.to_string())),
+            Err(StepFailed { error, .. }) => Err(error),
         }
     }
 }
 
-/// The publish time a redrive's receipt keeps (Unix ms, the broker's
-/// clock), which pruning measures it by: the message's own, or, for a row
-/// from before idem recorded it, when it was dead-lettered (later, so the
-/// receipt is kept at least as long).
-fn receipt_published_ms(row: &DeadLetterRow) -> i64 {
+/// The publish time a redrive gives the guest and its receipt keeps (Unix
+/// ms, the broker's clock), which pruning measures it by: the message's
+/// own, or, for a row from before idem recorded it, when it was
+/// dead-lettered (later, so the receipt is kept at least as long).
+fn published_ms(row: &DeadLetterRow) -> i64 {
     if row.published_ns > 0 {
         row.published_ns.div_euclid(1_000_000)
     } else {
@@ -141,6 +118,7 @@ fn receipt_published_ms(row: &DeadLetterRow) -> i64 {
 
 /// The stored message as the guest sees it on a redrive.
 fn message(row: DeadLetterRow) -> GuestMessage {
+    let published_ms = published_ms(&row);
     GuestMessage {
         identity: row.message_id.unwrap_or_default(),
         subject: row.subject,
@@ -148,7 +126,7 @@ fn message(row: DeadLetterRow) -> GuestMessage {
         payload: row.payload,
         stream_sequence: row.stream_sequence,
         delivery_count: 1,
-        published_ms: row.failed_at_ms,
+        published_ms,
     }
 }
 

@@ -21,14 +21,14 @@ pub struct LoadOptions {
 
 /// A compiled handler component, checked against the world
 /// `idem:handler/handler` and ready to instantiate once per message.
-pub struct HandlerModule {
+pub struct HandlerComponent {
     pub(crate) pre: HandlerPre<HostState>,
     digest: String,
     path: PathBuf,
     wasi: bool,
 }
 
-impl HandlerModule {
+impl HandlerComponent {
     /// Whether the component runs with the (empty) WASI context linked: it
     /// was loaded with [`LoadOptions::wasi`] and imports WASI.
     pub fn wasi(&self) -> bool {
@@ -46,9 +46,9 @@ impl HandlerModule {
     }
 }
 
-impl std::fmt::Debug for HandlerModule {
+impl std::fmt::Debug for HandlerComponent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandlerModule")
+        f.debug_struct("HandlerComponent")
             .field("path", &self.path)
             .field("digest", &self.digest)
             .field("wasi", &self.wasi)
@@ -133,7 +133,7 @@ pub(crate) fn load(
     linkers: &Linkers,
     path: &Path,
     options: LoadOptions,
-) -> Result<HandlerModule, LoadError> {
+) -> Result<HandlerComponent, LoadError> {
     let p = || path.to_path_buf();
     let bytes = std::fs::read(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => LoadError::Missing { path: p() },
@@ -163,7 +163,7 @@ fn link(
     path: &Path,
     options: LoadOptions,
     digest: String,
-) -> Result<HandlerModule, LoadError> {
+) -> Result<HandlerComponent, LoadError> {
     let p = || path.to_path_buf();
     // Imports the host may provide: idem:handler (an unknown one is an
     // ImportMismatch below, with wasmtime's detail) and WASI 0.2.
@@ -208,7 +208,7 @@ fn link(
         path: p(),
         detail: one_line(&e),
     })?;
-    Ok(HandlerModule {
+    Ok(HandlerComponent {
         pre,
         digest,
         path: p(),
@@ -221,7 +221,7 @@ mod tests {
     use super::*;
     use crate::runtime::Runtime;
 
-    fn link_wat(wat: &str, wasi: bool) -> Result<HandlerModule, LoadError> {
+    fn link_wat(wat: &str, wasi: bool) -> Result<HandlerComponent, LoadError> {
         let rt = Runtime::with_capacity(1).map_err(|e| LoadError::Invalid {
             path: PathBuf::new(),
             detail: e.to_string(),

@@ -37,7 +37,7 @@ mod host_impl;
 mod load;
 pub mod wasi;
 
-pub use load::{HandlerModule, LoadError, LoadOptions};
+pub use load::{HandlerComponent, LoadError, LoadOptions};
 
 use crate::sql_guard::SqlGuard;
 use crate::store::Tx;
@@ -230,7 +230,11 @@ impl Runtime {
     /// component of world `idem:handler/handler` that imports nothing the
     /// host does not provide: WASI 0.2 only with [`LoadOptions::wasi`].
     /// Errors are one line that says what is wrong and what to do.
-    pub fn load(&self, path: &Path, options: LoadOptions) -> Result<Arc<HandlerModule>, LoadError> {
+    pub fn load(
+        &self,
+        path: &Path,
+        options: LoadOptions,
+    ) -> Result<Arc<HandlerComponent>, LoadError> {
         load::load(&self.engine, &self.linkers, path, options).map(Arc::new)
     }
 
@@ -240,14 +244,14 @@ impl Runtime {
     /// whatever the guest does becomes a [`HandlerFailure`].
     pub async fn handle(
         &self,
-        module: &HandlerModule,
+        component: &HandlerComponent,
         call: &Invocation,
         tx: Tx,
         msg: GuestMessage,
     ) -> (Result<(), HandlerFailure>, Tx) {
-        if !Engine::same(module.pre.engine(), &self.engine) {
+        if !Engine::same(component.pre.engine(), &self.engine) {
             let failure =
-                "the module was loaded by another Runtime; load it with the one that runs it";
+                "the component was loaded by another Runtime; load it with the one that runs it";
             return (Err(HandlerFailure::Trap(failure.into())), tx);
         }
         let limits = call.limits.clone();
@@ -293,7 +297,7 @@ impl Runtime {
         // The epoch callback and the statement timeouts enforce the deadline;
         // this outer bound only guards against a call that never yields.
         let outer = deadline.saturating_duration_since(now) + Duration::from_secs(1);
-        let run = tokio::time::timeout(outer, call_guest(module, &mut store, &msg)).await;
+        let run = tokio::time::timeout(outer, call_guest(component, &mut store, &msg)).await;
         let result = match run {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(HandlerError::Retry(reason)))) => {
@@ -344,11 +348,11 @@ enum GuestError {
 }
 
 async fn call_guest(
-    module: &HandlerModule,
+    component: &HandlerComponent,
     store: &mut Store<HostState>,
     msg: &bindings::idem::handler::types::Message,
 ) -> Result<Result<(), HandlerError>, GuestError> {
-    let instance = module
+    let instance = component
         .pre
         .instantiate_async(&mut *store)
         .await

@@ -1,0 +1,248 @@
+//! A handler prepared to run messages, and the transaction step that runs
+//! one, shared by `idem run` ([`crate::pipeline`]) and `idem dlq redrive`
+//! ([`crate::admin::redrive`]) (ARCHITECTURE.md, "The protocol"):
+//!
+//! ```text
+//! (caller) BEGIN, bounded by the statement timeout   PreparedHandler::begin
+//! INSERT receipt ON CONFLICT DO NOTHING
+//!   0 rows → the transaction goes back to the caller  Applied::Duplicate
+//! admit? (the pipeline's horizon check)
+//!   no     → ROLLBACK                                 Applied::Refused
+//! SET LOCAL ROLE idem_handler_<name> (PostgreSQL, when set up)
+//! run the guest's handle(msg) in this transaction
+//!   ok     → COMMIT                                   Applied::Committed
+//!   failed → ROLLBACK (bounded)                       Applied::GuestFailed
+//! a database step fails → rolled back                 StepFailed
+//! ```
+//!
+//! The receipt is built from the message the guest sees and the digest of
+//! the one component reference this step runs, so the receipt always names
+//! the component that produced the effect.
+
+use crate::config::HandlerConfig;
+use crate::metrics::HandlerStats;
+use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
+use crate::sql_guard::SqlGuard;
+use crate::store::{Database, Receipt, StoreError, Tx};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One handler's component, SQL guard, limits and (PostgreSQL) role, built
+/// once by [`PreparedHandler::prepare`].
+pub struct PreparedHandler {
+    name: Arc<str>,
+    component: Arc<HandlerComponent>,
+    runtime: Arc<Runtime>,
+    guard: Arc<SqlGuard>,
+    limits: Limits,
+    /// The role the guest's statements run as, when one could be set up.
+    role: Option<String>,
+    /// Bound on each statement of the transaction (config `deadline` plus
+    /// slack, [`HandlerConfig::statement_timeout`]).
+    statement_timeout: Duration,
+    stats: Arc<HandlerStats>,
+}
+
+/// How [`PreparedHandler::apply`] ended when every database step worked.
+pub enum Applied {
+    /// The guest succeeded and the transaction committed: effect and
+    /// receipt are durable together.
+    Committed,
+    /// A receipt for this message id existed: the guest did not run. The
+    /// open transaction is handed back for the caller to roll back (a
+    /// delivery) or commit (a redrive, whose transaction also removes the
+    /// dead letter).
+    Duplicate(Tx),
+    /// `admit` refused the message before the guest ran (the reason it
+    /// gave); rolled back.
+    Refused(String),
+    /// The guest failed; the transaction was rolled back, and how that
+    /// rollback ended (nothing was committed in any case).
+    GuestFailed(HandlerFailure, Rollback),
+}
+
+/// A database step of [`PreparedHandler::apply`] failed; nothing was
+/// committed. When `step` is `"COMMIT"` the outcome is unknown: whether the
+/// commit happened is for the receipt to tell on the next attempt.
+#[derive(Debug)]
+pub struct StepFailed {
+    /// The step: `receipt insert`, `SET LOCAL ROLE` or `COMMIT`.
+    pub step: &'static str,
+    /// The database's error.
+    pub error: StoreError,
+}
+
+/// How the rollback after a failed guest call ended. In every case nothing
+/// of the transaction was committed.
+#[derive(Debug)]
+pub enum Rollback {
+    /// Rolled back.
+    Done,
+    /// The rollback itself failed (the connection is discarded).
+    Failed(StoreError),
+    /// It did not finish within the statement timeout + 5 s; the connection
+    /// was abandoned.
+    TimedOut,
+}
+
+impl PreparedHandler {
+    /// Prepares `cfg`'s handler around its loaded `component`: the SQL guard
+    /// for its granted tables, its limits, and on PostgreSQL its own role
+    /// ([`Database::prepare_handler_role`]). A role that cannot be set up is
+    /// warned about once and the guard alone checks the statements.
+    pub async fn prepare(
+        cfg: &HandlerConfig,
+        component: Arc<HandlerComponent>,
+        runtime: Arc<Runtime>,
+        db: &Database,
+    ) -> Self {
+        let role = match db.prepare_handler_role(&cfg.name, &cfg.tables).await {
+            Ok(role) => role,
+            Err(e) => {
+                tracing::warn!(handler = %cfg.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
+                None
+            }
+        };
+        Self {
+            name: Arc::from(cfg.name.as_str()),
+            component,
+            runtime,
+            guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
+            limits: limits(cfg),
+            role,
+            statement_timeout: cfg.statement_timeout(),
+            stats: Arc::new(HandlerStats::default()),
+        }
+    }
+
+    /// The handler's name (= its durable consumer's name and the receipts'
+    /// `consumer`).
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The handler's counters.
+    pub fn stats(&self) -> &Arc<HandlerStats> {
+        &self.stats
+    }
+
+    /// The component this handler runs.
+    pub fn component(&self) -> &Arc<HandlerComponent> {
+        &self.component
+    }
+
+    /// BEGIN on `db`, every statement bounded by the handler's statement
+    /// timeout.
+    ///
+    /// # Errors
+    /// The database could not start a transaction ([`StoreError`]).
+    pub async fn begin(&self, db: &Database) -> Result<Tx, StoreError> {
+        db.begin_bounded(self.statement_timeout).await
+    }
+
+    /// The transaction step (module docs) for `msg` in `tx`: receipt, then
+    /// `admit` (`Some(reason)` refuses the message before any guest code),
+    /// role, guest, COMMIT. The receipt is `(name, msg.identity)` with the
+    /// message's stream sequence and publish time and the component's digest.
+    ///
+    /// # Errors
+    /// A database step failed ([`StepFailed`]): the transaction is rolled
+    /// back (or dropped with its connection); at `COMMIT` the outcome is
+    /// unknown.
+    pub async fn apply(
+        &self,
+        mut tx: Tx,
+        msg: GuestMessage,
+        admit: impl FnOnce() -> Option<String>,
+    ) -> Result<Applied, StepFailed> {
+        let receipt = Receipt {
+            consumer: &self.name,
+            message_id: &msg.identity,
+            stream_sequence: msg.stream_sequence,
+            module_digest: self.component.digest(),
+            published_ms: msg.published_ms,
+        };
+        match tx.insert_receipt(&receipt).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(Applied::Duplicate(tx)),
+            Err(error) => return Err(rolled_back(tx, "receipt insert", error).await),
+        }
+        if let Some(reason) = admit() {
+            if let Err(e) = tx.rollback().await {
+                tracing::warn!(error = %e, "rollback of a refused message failed (nothing was committed)");
+            }
+            return Ok(Applied::Refused(reason));
+        }
+        if let Some(role) = &self.role
+            && let Err(error) = tx.enter_handler_role(role).await
+        {
+            return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
+        }
+        match self.run_guest(tx, msg).await {
+            Ok(tx) => match tx.commit().await {
+                Ok(()) => Ok(Applied::Committed),
+                Err(error) => Err(StepFailed {
+                    step: "COMMIT",
+                    error,
+                }),
+            },
+            Err((failure, rollback)) => Ok(Applied::GuestFailed(failure, rollback)),
+        }
+    }
+
+    /// Runs the guest on `msg` inside `tx`. `Ok(tx)`: the guest succeeded,
+    /// commit `tx`. `Err`: the guest failed and `tx` was rolled back,
+    /// bounded by the statement timeout + 5 s (a statement the runtime
+    /// abandoned at the deadline is cancelled by the statement timeout
+    /// first); how the rollback ended is returned with the failure.
+    async fn run_guest(&self, tx: Tx, msg: GuestMessage) -> Result<Tx, (HandlerFailure, Rollback)> {
+        let call = Invocation {
+            handler: self.name.clone(),
+            identity: msg.identity.clone(),
+            guard: self.guard.clone(),
+            limits: self.limits.clone(),
+            stats: self.stats.clone(),
+        };
+        let (result, tx) = self.runtime.handle(&self.component, &call, tx, msg).await;
+        let Err(failure) = result else {
+            return Ok(tx);
+        };
+        let bound = self.statement_timeout + Duration::from_secs(5);
+        let rollback = match tokio::time::timeout(bound, tx.rollback()).await {
+            Ok(Ok(())) => Rollback::Done,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "rollback failed (the connection is discarded; nothing was committed)");
+                Rollback::Failed(e)
+            }
+            Err(_) => {
+                tracing::error!(
+                    "rollback did not finish within {bound:?}; connection abandoned, nothing was committed"
+                );
+                Rollback::TimedOut
+            }
+        };
+        Err((failure, rollback))
+    }
+}
+
+/// Rolls `tx` back after `step` failed with `error` (a failed rollback only
+/// drops the connection) and says which step failed.
+async fn rolled_back(tx: Tx, step: &'static str, error: StoreError) -> StepFailed {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(%step, error = %e, "rollback after a failed step failed (nothing was committed)");
+    }
+    StepFailed { step, error }
+}
+
+/// The per-message limits of `cfg` (KiB and MiB turned into bytes).
+fn limits(cfg: &HandlerConfig) -> Limits {
+    Limits {
+        deadline: cfg.deadline,
+        max_memory_bytes: (cfg.max_memory_mib as usize).saturating_mul(1024 * 1024),
+        max_statements: cfg.max_statements,
+        max_rows: cfg.max_rows,
+        max_result_bytes: cfg.max_result_kib.saturating_mul(1024),
+        max_param_bytes: cfg.max_param_kib.saturating_mul(1024),
+        max_log_bytes: cfg.max_log_kib.saturating_mul(1024),
+    }
+}
