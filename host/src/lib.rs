@@ -6,6 +6,7 @@
 //! [`admin`] holds the operator commands on the database.
 
 pub mod admin;
+pub mod backoff;
 pub mod broker;
 pub mod broker_clock;
 pub mod broker_config;

@@ -23,6 +23,7 @@
 //! broker, the counters, and holding the delivery while the database is
 //! unavailable.
 
+use crate::backoff;
 use crate::broker::{self, Settlement};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::HandlerConfig;
@@ -38,7 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
 
-/// First wait before a held message runs again (doubling up to [`HOLD_MAX`]).
+/// First wait before a held message runs again (doubling up to [`HOLD_MAX`],
+/// with jitter: [`backoff::doubling`]).
 const HOLD_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between two runs of a held message.
 const HOLD_MAX: Duration = Duration::from_secs(5);
@@ -170,7 +172,8 @@ impl Pipeline {
         // The work can take a while (a lock wait, a slow guest, a database
         // outage): keep the message ours until this delivery is settled.
         let _in_progress = broker::InProgress::start(d.msg.clone(), self.config.ack_wait);
-        let mut backoff = HOLD_FIRST;
+        let mut waits = backoff::doubling(HOLD_FIRST, HOLD_MAX);
+        let mut first = true;
         loop {
             let settled = tokio::select! {
                 biased;
@@ -184,9 +187,10 @@ impl Pipeline {
                 Ok(outcome) => return outcome,
                 Err(Unavailable { step, error, busy }) => {
                     HandlerStats::incr(&self.handler.stats().db_pauses);
+                    let wait = waits.next().unwrap_or(HOLD_MAX);
                     let go_on = if busy {
                         tracing::debug!(%step, %error, "database busy; running the message again shortly");
-                        self.health.pause(backoff).await
+                        self.health.pause(wait).await
                     } else {
                         // Back off as well: a database that answers the probe
                         // but still fails this step (say, disk full) must not
@@ -194,7 +198,7 @@ impl Pipeline {
                         self.health
                             .wait_until_up(self.handler.name(), step, &error)
                             .await
-                            && (backoff == HOLD_FIRST || self.health.pause(backoff).await)
+                            && (first || self.health.pause(wait).await)
                     };
                     if !go_on {
                         tracing::warn!(
@@ -202,7 +206,7 @@ impl Pipeline {
                         );
                         return Outcome::Unsettled(format!("{step}: {error}"));
                     }
-                    backoff = (backoff * 2).min(HOLD_MAX);
+                    first = false;
                 }
             }
         }

@@ -1,0 +1,284 @@
+//! [`Deliveries`]: one handler's endless stream of deliveries from its
+//! durable pull consumer, surviving broker errors and reconnects, and
+//! creating the consumer (and an owned stream) again when it is deleted
+//! under a running host (ARCHITECTURE.md, "Code map": broker).
+
+use super::{Broker, PULL_EXPIRES, PULL_HEARTBEAT, ensure_consumer_from};
+use crate::backoff;
+use crate::config::HandlerConfig;
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::{self, consumer::pull};
+use futures::StreamExt;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long a durable consumer that is gone from the broker may stay
+/// impossible to create again, while the broker connection is up, before
+/// [`Deliveries::next`] gives up with [`ConsumerLost`].
+pub const CONSUMER_LOST_GRACE: Duration = Duration::from_secs(60);
+
+/// The handler's durable consumer (or its stream) is gone from the broker and
+/// could not be created again for [`CONSUMER_LOST_GRACE`] while the broker
+/// answered: one line saying why, for the operator; the host exits non-zero
+/// so a supervisor restarts it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ConsumerLost(pub String);
+
+/// An endless source of deliveries for one consumer. Errors from the
+/// underlying pull stream are logged and survived; a consumer or stream
+/// deleted on the broker is created again ([`ensure_consumer`]); only
+/// shutdown, or a consumer that cannot be created again, ends it.
+pub struct Deliveries {
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    connections: watch::Receiver<u64>,
+    batch: usize,
+    stream: Option<pull::Stream>,
+    js: jetstream::Context,
+    handler: HandlerConfig,
+    max_ack_pending: i64,
+    /// Since when the consumer could not be created again (broker connected).
+    lost_since: Option<tokio::time::Instant>,
+    /// When the consumer's stream was created (see [`super::EnsuredConsumer`]).
+    stream_created: time::OffsetDateTime,
+    /// The consumer's ack floor (stream sequence) as last read, at most
+    /// [`ACK_FLOOR_REFRESH`] old: every message after it may be unsettled,
+    /// so a consumer made again after a deletion starts right after it.
+    ack_floor: u64,
+    /// When `ack_floor` was last read.
+    ack_floor_read: tokio::time::Instant,
+}
+
+/// How often [`Deliveries`] reads its consumer's ack floor again.
+const ACK_FLOOR_REFRESH: Duration = Duration::from_secs(5);
+
+impl Deliveries {
+    /// `batch`: messages requested per pull; keep it small enough that a full
+    /// batch is processed well within `ack_wait`. `handler` and
+    /// `max_ack_pending` are what [`ensure_consumer`] made `consumer` from,
+    /// to make it again if it is deleted.
+    pub fn new(
+        broker: &Broker,
+        consumer: jetstream::consumer::Consumer<pull::Config>,
+        stream_created: time::OffsetDateTime,
+        batch: usize,
+        handler: &HandlerConfig,
+        max_ack_pending: i64,
+    ) -> Self {
+        let mut connections = broker.connections.clone();
+        connections.mark_unchanged();
+        Self {
+            ack_floor: consumer.cached_info().ack_floor.stream_sequence,
+            ack_floor_read: tokio::time::Instant::now(),
+            stream_created,
+            consumer,
+            connections,
+            batch: batch.max(1),
+            stream: None,
+            js: broker.js.clone(),
+            handler: handler.clone(),
+            max_ack_pending,
+            lost_since: None,
+        }
+    }
+
+    /// Drops the open pull request, so the server sends this host nothing
+    /// while it cannot process (the database is down). Messages already
+    /// buffered here are not acked: the server redelivers them after
+    /// `ack_wait`. The next [`Deliveries::next`] pulls again.
+    pub fn pause(&mut self) {
+        if self.stream.take().is_some() {
+            tracing::info!(handler = %self.handler.name, "fetching paused");
+        }
+    }
+
+    /// Where a consumer made again should start, so that nothing its lost
+    /// predecessor had not settled is skipped: right after the last ack
+    /// floor read ([`ACK_FLOOR_REFRESH`]; what was applied since is skipped by
+    /// its receipt) while the stream is the same one; at the first message
+    /// when the stream is gone or was created again (its sequences start
+    /// over and every message in it is new). The handler's `start` applies
+    /// only to a consumer's first creation.
+    ///
+    /// # Errors
+    /// The stream could not be read (other than "not found").
+    async fn resume_policy(&self) -> anyhow::Result<DeliverPolicy> {
+        match self.js.get_stream(&self.handler.stream).await {
+            Ok(s) if s.cached_info().created == self.stream_created => {
+                Ok(DeliverPolicy::ByStartSequence {
+                    start_sequence: self.ack_floor + 1,
+                })
+            }
+            Ok(_) => Ok(DeliverPolicy::All),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::GetStreamErrorKind::JetStream(ref js)
+                        if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) =>
+            {
+                Ok(DeliverPolicy::All)
+            }
+            Err(e) => Err(anyhow::Error::new(e).context(format!(
+                "handler `{}`: cannot read stream `{}`",
+                self.handler.name, self.handler.stream
+            ))),
+        }
+    }
+
+    /// Reads the consumer's ack floor again once [`ACK_FLOOR_REFRESH`] has
+    /// passed (errors keep the last one: an older floor only replays more).
+    async fn refresh_ack_floor(&mut self) {
+        if self.ack_floor_read.elapsed() < ACK_FLOOR_REFRESH {
+            return;
+        }
+        self.ack_floor_read = tokio::time::Instant::now();
+        if let Ok(info) = self.consumer.info().await {
+            self.ack_floor = info.ack_floor.stream_sequence;
+        }
+    }
+
+    /// Makes sure the consumer (and its stream) still exist, creating them
+    /// again when they were deleted on the broker ([`Deliveries::resume_policy`]
+    /// says from where). A failure while the broker connection is down is an
+    /// outage (the client reconnects); one while it is up is logged once, and
+    /// after [`CONSUMER_LOST_GRACE`] is [`ConsumerLost`].
+    async fn restore(&mut self) -> Result<(), ConsumerLost> {
+        let ensured = match self.resume_policy().await {
+            Ok(policy) => {
+                ensure_consumer_from(&self.js, &self.handler, self.max_ack_pending, policy)
+                    .await
+                    .map(|e| (e, policy))
+            }
+            Err(e) => Err(e),
+        };
+        match ensured {
+            Ok((ensured, policy)) => {
+                let consumer = ensured.consumer;
+                if consumer.cached_info().created != self.consumer.cached_info().created {
+                    match policy {
+                        DeliverPolicy::ByStartSequence { start_sequence } => {
+                            tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, start_sequence, "the durable consumer was gone from the broker (deleted?) and is created again after the last acknowledged message; a message applied since is skipped by its receipt");
+                        }
+                        _ => {
+                            tracing::warn!(handler = %self.handler.name, stream = %self.handler.stream, "the stream was gone or created again, and the durable consumer with it: created again from the stream's first message");
+                        }
+                    }
+                    self.stream = None;
+                }
+                if self.lost_since.take().is_some() {
+                    tracing::info!(handler = %self.handler.name, "durable consumer back");
+                }
+                self.ack_floor = consumer.cached_info().ack_floor.stream_sequence;
+                self.ack_floor_read = tokio::time::Instant::now();
+                self.stream_created = ensured.stream_created;
+                self.consumer = consumer;
+                Ok(())
+            }
+            Err(e) => {
+                let connected =
+                    self.js.client().connection_state() == async_nats::connection::State::Connected;
+                if !connected {
+                    return Ok(());
+                }
+                let since = *self.lost_since.get_or_insert_with(|| {
+                    tracing::error!(handler = %self.handler.name, error = %format!("{e:#}"), "the durable consumer is gone and cannot be created again; trying for {}s, then exiting", CONSUMER_LOST_GRACE.as_secs());
+                    tokio::time::Instant::now()
+                });
+                if since.elapsed() >= CONSUMER_LOST_GRACE {
+                    return Err(ConsumerLost(format!("{e:#}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The next message. A broker error is logged, and the pull starts again
+    /// after a backoff (the consumer created again first if it is gone).
+    ///
+    /// # Errors
+    /// [`ConsumerLost`]: the consumer is gone and could not be created again
+    /// for [`CONSUMER_LOST_GRACE`] while the broker was connected.
+    pub async fn next(&mut self) -> Result<jetstream::Message, ConsumerLost> {
+        let mut waits = backoff::doubling(Duration::from_millis(100), Duration::from_secs(5));
+        self.refresh_ack_floor().await;
+        loop {
+            if self.stream.is_none() {
+                match self
+                    .consumer
+                    .stream()
+                    .max_messages_per_batch(self.batch)
+                    .heartbeat(PULL_HEARTBEAT)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await
+                {
+                    Ok(s) => self.stream = Some(s),
+                    Err(e) => {
+                        let wait = next_wait(&mut waits);
+                        tracing::warn!(handler = %self.handler.name, error = %e, "cannot start pulling; retrying in {wait:?}");
+                        tokio::time::sleep(wait).await;
+                        self.restore().await?;
+                        continue;
+                    }
+                }
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                continue;
+            };
+            let item = tokio::select! {
+                item = stream.next() => item,
+                _ = self.connections.changed() => {
+                    // Reconnected: the server forgot the open pull request.
+                    tracing::info!(handler = %self.handler.name, "reconnected to NATS; pulling again");
+                    self.stream = None;
+                    continue;
+                }
+            };
+            match item {
+                Some(Ok(msg)) => {
+                    self.lost_since = None;
+                    return Ok(msg);
+                }
+                Some(Err(e)) => {
+                    use pull::MessagesErrorKind as K;
+                    tracing::warn!(handler = %self.handler.name, error = %e, "consumer stream error; still pulling");
+                    // A missed heartbeat also means no pull request is open on
+                    // the server: async-nats 0.51 can miscount its pending
+                    // messages (a reply arriving before its request's result)
+                    // and then never pull again. Start a fresh pull stream.
+                    if matches!(
+                        e.kind(),
+                        K::ConsumerDeleted
+                            | K::NoResponders
+                            | K::RequestLimitExceeded
+                            | K::PushBasedConsumer
+                            | K::MissingHeartbeat
+                    ) {
+                        self.stream = None;
+                    }
+                    tokio::time::sleep(next_wait(&mut waits)).await;
+                    // A deleted consumer or stream shows as any of these
+                    // (consumer deleted, no responders, missed heartbeats).
+                    if matches!(
+                        e.kind(),
+                        K::ConsumerDeleted | K::NoResponders | K::MissingHeartbeat | K::Other
+                    ) {
+                        self.restore().await?;
+                    }
+                }
+                None => {
+                    tracing::warn!(handler = %self.handler.name, "consumer stream ended; pulling again");
+                    self.stream = None;
+                    tokio::time::sleep(next_wait(&mut waits)).await;
+                    self.restore().await?;
+                }
+            }
+        }
+    }
+}
+
+/// The next of `waits` (endless; 5 s should it ever end).
+fn next_wait(waits: &mut impl Iterator<Item = Duration>) -> Duration {
+    waits.next().unwrap_or(Duration::from_secs(5))
+}
