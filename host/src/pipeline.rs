@@ -19,8 +19,8 @@
 use crate::broker::{self, Settlement};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::{HandlerConfig, IdentityRule};
+use crate::db_gate::{self, DbGate};
 use crate::fault;
-use crate::health::{self, DbHealth};
 use crate::metrics::HandlerStats;
 use crate::runtime::{GuestMessage, HandlerFailure, HandlerModule, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
@@ -61,7 +61,7 @@ pub struct Pipeline {
     pub db: Arc<Database>,
     pub stats: Arc<HandlerStats>,
     /// The host's database availability gate, shared by every handler.
-    pub health: Arc<DbHealth>,
+    pub health: Arc<DbGate>,
     /// Messages this handler runs at once (config `concurrency`).
     pub concurrency: usize,
 }
@@ -89,7 +89,7 @@ impl Pipeline {
         module: Arc<HandlerModule>,
         runtime: Arc<Runtime>,
         db: Arc<Database>,
-        health: Arc<DbHealth>,
+        health: Arc<DbGate>,
         clock: Arc<BrokerClock>,
     ) -> Self {
         let limits = Limits {
@@ -127,7 +127,7 @@ impl Pipeline {
     /// inside one tracing span (`delivery`: handler, stream sequence,
     /// delivery count, and the message id once it is known).
     ///
-    /// While the database is unreachable ([`crate::health::is_unavailable`])
+    /// While the database is unreachable ([`crate::db_gate::is_unavailable`])
     /// the delivery is held, not naked: the in-progress keep-alive keeps it
     /// ours, the host waits for the database, and the protocol runs again
     /// from the start (the receipt decides whether an earlier COMMIT whose
@@ -326,7 +326,7 @@ impl Pipeline {
                 // runs again, where the receipt decides.
                 Err(e) => store_failed("COMMIT", e),
             },
-            Err((failure, Rollback::Failed(e))) if health::is_unavailable(&e) => {
+            Err((failure, Rollback::Failed(e))) if db_gate::is_unavailable(&e) => {
                 // The connection broke under the guest: its verdict came from
                 // failed statements, not from the message. Run it again.
                 Err(Unavailable {
@@ -559,8 +559,8 @@ struct Unavailable {
 impl Unavailable {
     /// `Some` when `error` at `step` means "run again later" (outage or busy).
     fn of(step: &'static str, error: &StoreError) -> Option<Self> {
-        let busy = health::is_busy(error);
-        (busy || health::is_unavailable(error)).then(|| Unavailable {
+        let busy = db_gate::is_busy(error);
+        (busy || db_gate::is_unavailable(error)).then(|| Unavailable {
             step,
             error: error.to_string(),
             busy,

@@ -7,7 +7,7 @@
 use crate::broker::{self, Deliveries};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::Config;
-use crate::health::DbHealth;
+use crate::db_gate::DbGate;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
 use crate::runtime::{LoadOptions, Runtime};
@@ -21,7 +21,7 @@ use tokio::sync::watch;
 pub struct Host {
     handlers: Vec<RunningHandler>,
     db: Arc<Database>,
-    health: Arc<DbHealth>,
+    health: Arc<DbGate>,
     nats: broker::Broker,
     /// Turned true when [`Host::run`] stops: ends the consumers and any wait
     /// for the database.
@@ -119,7 +119,7 @@ impl Host {
             }
         }
         let stop = watch::Sender::new(false);
-        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
+        let health = Arc::new(DbGate::new(db.clone(), stop.subscribe()));
         let nats = broker::connect(&config.broker.url).await?;
         let js = &nats.js;
         let mut handlers = Vec::new();
@@ -289,7 +289,7 @@ impl Host {
 async fn consume(
     pipeline: Arc<Pipeline>,
     mut deliveries: Deliveries,
-    health: Arc<DbHealth>,
+    health: Arc<DbGate>,
     mut stop: watch::Receiver<bool>,
     lost: Lost,
 ) {

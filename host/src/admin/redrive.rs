@@ -22,7 +22,7 @@
 use super::{count, printable};
 use crate::broker_clock::BrokerClock;
 use crate::config::{Config, HandlerConfig};
-use crate::health::DbHealth;
+use crate::db_gate::DbGate;
 use crate::pipeline::Pipeline;
 use crate::runtime::{GuestMessage, LoadOptions, Runtime};
 use crate::store::{Database, DeadLetterRow, Receipt, StoreError};
@@ -63,7 +63,7 @@ impl Redriver {
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
         let stop = tokio::sync::watch::Sender::new(true);
-        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
+        let health = Arc::new(DbGate::new(db.clone(), stop.subscribe()));
         // A redrive is the operator's decision: it never judges the horizon,
         // so the broker's clock is not read (admin commands never contact the
         // broker); this stand-in is never consulted.
