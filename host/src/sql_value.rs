@@ -112,7 +112,7 @@ impl From<DbError> for StatementError {
 /// SQL text that passed [`crate::sql_guard::SqlGuard::check`], exactly as it
 /// is sent to the database. Holding one proves the text was judged: the store
 /// runs guest statements only from it, and only `sql_guard` builds one
-/// ([`CheckedSql::judged`]).
+/// (`CheckedSql::judged`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckedSql {
     text: Arc<str>,

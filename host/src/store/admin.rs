@@ -43,6 +43,10 @@ impl Database {
     /// without idem's host tables, is an error (one line naming the URL,
     /// password redacted), so a wrong `[database] url` or working directory
     /// is not mistaken for an empty dead-letter table.
+    ///
+    /// # Errors
+    /// As [`Database::connect_with`]; also the SQLite file is missing, or the
+    /// database cannot be read or has no host tables.
     pub async fn connect_existing(
         url: &str,
         max_connections: u32,
@@ -83,12 +87,18 @@ impl Database {
 
     /// Whether both host tables (`idem_receipts`, `idem_dead_letters`) exist
     /// (PostgreSQL: on the connection's `search_path`).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn has_host_tables(&self) -> Result<bool, StoreError> {
         Ok(dispatch!(&self.0, b => b.has_host_tables().await)?)
     }
 
     /// Dead letters in id order (oldest first): every consumer's, or only
     /// `consumer`'s.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn list_dead_letters(
         &self,
         consumer: Option<&str>,
@@ -97,24 +107,36 @@ impl Database {
     }
 
     /// The dead letter with row id `id`, `None` if there is none.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn dead_letter_by_id(&self, id: i64) -> Result<Option<DeadLetterRow>, StoreError> {
         Ok(dispatch!(&self.0, b => b.dead_letter_by_id(id).await)?)
     }
 
     /// Deletes the dead letter with row id `id` (its own transaction).
     /// `true`: deleted; `false`: there was none.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn drop_dead_letter(&self, id: i64) -> Result<bool, StoreError> {
         let n = dispatch!(&self.0, b => b.drop_dead_letter(id).await)?;
         Ok(n == 1)
     }
 
     /// Deletes every dead letter of `consumer` (one statement); returns how many.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn drop_dead_letters(&self, consumer: &str) -> Result<u64, StoreError> {
         Ok(dispatch!(&self.0, b => b.drop_dead_letters(consumer).await)?)
     }
 
     /// `consumer`'s receipt for `message_id`, `None` if it has none
     /// (never processed, pruned, or forgotten; uncommitted ones are not seen).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn receipt(
         &self,
         consumer: &str,
@@ -136,6 +158,9 @@ impl Database {
     /// How many receipts `consumer` has, and the oldest and newest
     /// `published_ms` among them (one statement, by the
     /// `(consumer, published_ms)` index).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn receipt_summary(&self, consumer: &str) -> Result<ReceiptSummary, StoreError> {
         let (count, oldest_ms, newest_ms) =
             dispatch!(&self.0, b => b.receipt_summary(consumer).await)?;
@@ -149,6 +174,9 @@ impl Database {
     /// Deletes `consumer`'s receipts for `message_ids` in one transaction;
     /// returns how many existed (ids without a receipt, and repeats, count 0).
     /// A redelivery or replay of a forgotten id runs the handler again.
+    ///
+    /// # Errors
+    /// A statement or the commit fails; then nothing is forgotten.
     pub async fn forget_receipts(
         &self,
         consumer: &str,
@@ -170,6 +198,9 @@ impl Tx {
     /// locked until the transaction ends (a concurrent taker waits, then
     /// finds it gone or, after a rollback, takes it); SQLite's transaction
     /// holds the write lock already. Rolling back puts the row back.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn take_dead_letter(&mut self, id: i64) -> Result<Option<DeadLetterRow>, StoreError> {
         Ok(dispatch!(&mut self.0, t => t.take_dead_letter(id).await)?)
     }

@@ -2,14 +2,15 @@
 //! (`postgres`, `sqlite`), dispatched here so the pipeline is written once.
 //!
 //! The seam: [`Database`] and [`Tx`] each hold one backend's value (a
-//! [`Backend`]); every backend's pool and transaction types have the same set
+//! `Backend`); every backend's pool and transaction types have the same set
 //! of inherent methods, and `dispatch!` calls the one that is there. Every
 //! piece of dialect SQL, every SQLSTATE and SQLite result code and every
-//! driver type lives in the backend's module (`postgres/`, `sqlite/`); SQL
+//! pool, connection and transaction type of the driver lives in the
+//! backend's module (`postgres/`, `sqlite/`); SQL
 //! that both dialects read alike is in `sql`. This module and `admin`,
 //! `retention`, `receipts`, `dead_letters`, `transaction`, `statement` and
 //! `error` hold only what is the same on every database. A new backend is a
-//! new module with those methods, a [`Backend`] variant, a [`DbKind`] and a
+//! new module with those methods, a `Backend` variant, a [`DbKind`] and a
 //! URL scheme in [`Database::connect_with`].
 //!
 //! Host tables (created at start by [`Database::prepare_host_tables`], never
