@@ -113,4 +113,36 @@ mod tests {
             assert_eq!(StoreError::from(e).class(), ErrorClass::Failed);
         }
     }
+
+    /// Real SQLite errors reach SQLite's codes: a read-only file is
+    /// `SQLITE_READONLY` (8, unavailable), a missing table `SQLITE_ERROR`
+    /// (1, failed).
+    #[tokio::test]
+    async fn sqlite_errors_are_classed_by_their_result_code() {
+        use sqlx::Connection as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ro.db");
+        let url = format!("sqlite://{}", path.display());
+        let mut rw = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+            .await
+            .unwrap();
+        sqlx::raw_sql("CREATE TABLE t (x INTEGER)")
+            .execute(&mut rw)
+            .await
+            .unwrap();
+        rw.close().await.unwrap();
+        let mut ro = sqlx::SqliteConnection::connect(&format!("{url}?mode=ro"))
+            .await
+            .unwrap();
+        let readonly = sqlx::raw_sql("INSERT INTO t VALUES (1)")
+            .execute(&mut ro)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::from(readonly).class(), ErrorClass::Unavailable);
+        let missing = sqlx::raw_sql("SELECT * FROM missing")
+            .execute(&mut ro)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::from(missing).class(), ErrorClass::Failed);
+    }
 }
