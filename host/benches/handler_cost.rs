@@ -305,7 +305,7 @@ async fn bench_postgres(
     workers: &[Worker<'_>],
 ) -> Result<DbRun> {
     let admin = Database::connect(admin_url, 1).await?;
-    let Database::Postgres(admin_pool) = &admin else {
+    let Some(admin_pool) = admin.postgres_pool() else {
         bail!("{admin_url} is not a PostgreSQL URL");
     };
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
@@ -632,9 +632,10 @@ impl Bench<'_> {
     /// Every committed credit is in the balances, once.
     async fn verify(&self) -> Result<()> {
         let sql = "SELECT CAST(SUM(balance) AS BIGINT) FROM accounts";
-        let total: i64 = match self.db {
-            Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
-            Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+        let total: i64 = match (self.db.postgres_pool(), self.db.sqlite_pool()) {
+            (Some(pool), _) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            (None, Some(pool)) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            (None, None) => bail!("no database backend"),
         };
         let expected = ACCOUNTS * INITIAL_BALANCE + self.credits;
         ensure!(

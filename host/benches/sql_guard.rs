@@ -38,7 +38,7 @@
 
 mod common;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use common::{fmt_ns, median, ns_since};
 use idem::sql_guard::{CheckedSql, SqlGuard};
 use idem::store::{Database, Receipt, SqlValue, Tx};
@@ -279,7 +279,7 @@ async fn setup(db: &Database, accounts: &str, ledger: &str) -> Result<()> {
 }
 
 async fn cleanup_postgres(db: &Database, prefix: &str) -> Result<()> {
-    let Database::Postgres(pool) = db else {
+    let Some(pool) = db.postgres_pool() else {
         return Ok(());
     };
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -350,27 +350,26 @@ async fn via_tx(tx: &mut Tx, case: &Case, checked: &CheckedSql, params: &[SqlVal
 /// The same checked text through plain sqlx on the same transaction.
 async fn via_raw(tx: &mut Tx, case: &Case, sql: &Arc<str>, params: &[i64]) -> Result<()> {
     let sql = sqlx::AssertSqlSafe(Arc::clone(sql));
-    let (affected, fetched) = match tx {
-        Tx::Postgres(t) => {
-            let mut q = sqlx::query(sql);
-            for &p in params {
-                q = q.bind(p);
-            }
-            match case.call {
-                Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
-                Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
-            }
+    let (affected, fetched) = if let Some(t) = tx.postgres_tx() {
+        let mut q = sqlx::query(sql);
+        for &p in params {
+            q = q.bind(p);
         }
-        Tx::Sqlite(t) => {
-            let mut q = sqlx::query(sql);
-            for &p in params {
-                q = q.bind(p);
-            }
-            match case.call {
-                Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
-                Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
-            }
+        match case.call {
+            Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
+            Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
         }
+    } else if let Some(t) = tx.sqlite_tx() {
+        let mut q = sqlx::query(sql);
+        for &p in params {
+            q = q.bind(p);
+        }
+        match case.call {
+            Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
+            Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
+        }
+    } else {
+        bail!("no database backend");
     };
     ensure!(
         affected == 1 && fetched == 1,

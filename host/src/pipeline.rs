@@ -27,9 +27,9 @@ use crate::backoff;
 use crate::broker::{self, Settlement};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::HandlerConfig;
+use crate::db_gate::{self, DbGate};
 use crate::fault;
 use crate::handler::{Applied, PreparedHandler, Rollback, StepFailed};
-use crate::health::{self, DbHealth};
 use crate::metrics::HandlerStats;
 use crate::runtime::{GuestMessage, HandlerFailure};
 use crate::store::{Database, DeadLetter, StoreError};
@@ -56,7 +56,7 @@ pub struct Pipeline {
     clock: Arc<BrokerClock>,
     db: Arc<Database>,
     /// The host's database availability gate, shared by every handler.
-    health: Arc<DbHealth>,
+    gate: Arc<DbGate>,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -75,14 +75,14 @@ pub enum Outcome {
 }
 
 impl Pipeline {
-    /// The pipeline of `cfg`'s handler, prepared as `handler`. `health`:
+    /// The pipeline of `cfg`'s handler, prepared as `handler`. `gate`:
     /// the host's database gate (one per [`Database`], shared by every
     /// handler); `clock`: the broker's clock of the handler's stream.
     pub fn new(
         cfg: &HandlerConfig,
         handler: PreparedHandler,
         db: Arc<Database>,
-        health: Arc<DbHealth>,
+        gate: Arc<DbGate>,
         clock: Arc<BrokerClock>,
     ) -> Self {
         Self {
@@ -90,7 +90,7 @@ impl Pipeline {
             config: cfg.clone(),
             clock,
             db,
-            health,
+            gate,
         }
     }
 
@@ -118,7 +118,7 @@ impl Pipeline {
     /// inside one tracing span (`delivery`: handler, stream sequence,
     /// delivery count, and the message id once it is known).
     ///
-    /// While the database is unreachable ([`crate::health::is_unavailable`])
+    /// While the database is unreachable ([`crate::db_gate::is_unavailable`])
     /// the delivery is held, not naked: the in-progress keep-alive keeps it
     /// ours, the host waits for the database, and the protocol runs again
     /// from the start (the receipt decides whether an earlier COMMIT whose
@@ -178,7 +178,7 @@ impl Pipeline {
             let settled = tokio::select! {
                 biased;
                 r = self.run_once(d) => r,
-                () = self.health.stopped_while_down() => {
+                () = self.gate.stopped_while_down() => {
                     tracing::warn!("shutting down while the database is unavailable; the message is left for redelivery");
                     return Outcome::Unsettled("shutdown while the database was unavailable".into());
                 }
@@ -190,15 +190,15 @@ impl Pipeline {
                     let wait = waits.next().unwrap_or(HOLD_MAX);
                     let go_on = if busy {
                         tracing::debug!(%step, %error, "database busy; running the message again shortly");
-                        self.health.pause(wait).await
+                        self.gate.pause(wait).await
                     } else {
                         // Back off as well: a database that answers the probe
                         // but still fails this step (say, disk full) must not
                         // make this a hot loop.
-                        self.health
+                        self.gate
                             .wait_until_up(self.handler.name(), step, &error)
                             .await
-                            && (first || self.health.pause(wait).await)
+                            && (first || self.gate.pause(wait).await)
                     };
                     if !go_on {
                         tracing::warn!(
@@ -296,7 +296,7 @@ impl Pipeline {
             }
             Ok(Applied::Refused(reason)) => Ok(Attempt::BeyondHorizon(reason)),
             Ok(Applied::GuestFailed(failure, Rollback::Failed(e)))
-                if health::is_unavailable(&e) =>
+                if db_gate::is_unavailable(&e) =>
             {
                 // The connection broke under the guest: its verdict came from
                 // failed statements, not from the message. Run it again.
@@ -484,8 +484,8 @@ struct Unavailable {
 impl Unavailable {
     /// `Some` when `error` at `step` means "run again later" (outage or busy).
     fn of(step: &'static str, error: &StoreError) -> Option<Self> {
-        let busy = health::is_busy(error);
-        (busy || health::is_unavailable(error)).then(|| Unavailable {
+        let busy = db_gate::is_busy(error);
+        (busy || db_gate::is_unavailable(error)).then(|| Unavailable {
             step,
             error: error.to_string(),
             busy,

@@ -7,8 +7,8 @@
 use crate::broker::{self, Deliveries};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::Config;
+use crate::db_gate::DbGate;
 use crate::handler::PreparedHandler;
-use crate::health::DbHealth;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
 use crate::runtime::{LoadOptions, Runtime};
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 pub struct Host {
     handlers: Vec<RunningHandler>,
     db: Arc<Database>,
-    health: Arc<DbHealth>,
+    gate: Arc<DbGate>,
     nats: broker::Broker,
     /// Turned true when [`Host::run`] stops: ends the consumers and any wait
     /// for the database.
@@ -120,7 +120,7 @@ impl Host {
             }
         }
         let stop = watch::Sender::new(false);
-        let health = Arc::new(DbHealth::new(db.clone(), stop.subscribe()));
+        let gate = Arc::new(DbGate::new(db.clone(), stop.subscribe()));
         let nats = broker::connect(&config.broker.url).await?;
         let js = &nats.js;
         let mut handlers = Vec::new();
@@ -148,7 +148,7 @@ impl Host {
                 tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
             let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
-            let pipeline = Pipeline::new(h, handler, db.clone(), health.clone(), clock);
+            let pipeline = Pipeline::new(h, handler, db.clone(), gate.clone(), clock);
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler {
                 pipeline,
@@ -159,7 +159,7 @@ impl Host {
         Ok(Self {
             handlers,
             db,
-            health,
+            gate,
             nats,
             stop,
             failure: Arc::default(),
@@ -201,7 +201,7 @@ impl Host {
                     h.pipeline.config(),
                     MAX_ACK_PENDING,
                 ),
-                self.health.clone(),
+                self.gate.clone(),
                 stop_rx.clone(),
                 Lost {
                     stop: stop_tx.clone(),
@@ -277,7 +277,7 @@ impl Host {
 async fn consume(
     pipeline: Arc<Pipeline>,
     mut deliveries: Deliveries,
-    health: Arc<DbHealth>,
+    gate: Arc<DbGate>,
     mut stop: watch::Receiver<bool>,
     lost: Lost,
 ) {
@@ -292,9 +292,9 @@ async fn consume(
             slot = slots.clone().acquire_owned() => slot,
         };
         let Ok(slot) = slot else { break };
-        if !health.is_up() {
+        if !gate.is_up() {
             deliveries.pause();
-            if !health.ready().await {
+            if !gate.ready().await {
                 break;
             }
         }

@@ -82,11 +82,11 @@ async fn run(
     payload: serde_json::Value,
     delivery: u64,
 ) -> Result<(), HandlerFailure> {
-    let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
     let (result, tx) = RUNTIME
         .handle(&BEHAVE, &invocation(limits), tx, message(payload, delivery))
         .await;
-    let Tx::Sqlite(tx) = tx else {
+    let Some(tx) = tx.into_sqlite() else {
         panic!("the transaction changed kind")
     };
     if result.is_ok() {
@@ -165,7 +165,7 @@ async fn retry_once_then_credit_reads_the_delivery_count() {
 #[tokio::test]
 async fn bad_payload_rejects() {
     let db = db().await;
-    let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
     let mut msg = message(json!({}), 1);
     msg.payload = b"not json".to_vec();
     let (r, _tx) = RUNTIME
@@ -368,7 +368,7 @@ async fn a_full_pool_asks_for_a_retry() {
     let call = |limits: Limits, payload: serde_json::Value| {
         let (small, module, pool) = (&small, &module, &db.pool);
         async move {
-            let tx = Tx::Sqlite(pool.begin().await.unwrap());
+            let tx = Tx::from_sqlite(pool.begin().await.unwrap());
             small
                 .handle(module, &invocation(limits), tx, message(payload, 1))
                 .await
@@ -395,7 +395,7 @@ async fn a_full_pool_asks_for_a_retry() {
 async fn a_module_from_another_runtime_is_refused() {
     let other = Runtime::new().unwrap();
     let db = db().await;
-    let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
     let (r, _tx) = other
         .handle(
             &BEHAVE,
@@ -421,7 +421,7 @@ async fn credit_example_upserts_and_rejects_bad_json() {
         json!({"event_id": "evt_8143", "account_id": 73, "amount": -20}),
         json!({"account_id": "seventy-three"}),
     ] {
-        let tx = Tx::Sqlite(db.pool.begin().await.unwrap());
+        let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
         let (r, tx) = RUNTIME
             .handle(
                 &credit,
@@ -430,7 +430,7 @@ async fn credit_example_upserts_and_rejects_bad_json() {
                 message(payload.clone(), 1),
             )
             .await;
-        let Tx::Sqlite(tx) = tx else { panic!() };
+        let Some(tx) = tx.into_sqlite() else { panic!() };
         match r {
             Ok(()) => tx.commit().await.unwrap(),
             Err(HandlerFailure::Reject(reason)) => {

@@ -49,7 +49,7 @@ async fn db() -> Db {
 
 impl Db {
     async fn scalar(&self, sql: &'static str) -> i64 {
-        let Database::Sqlite(pool) = &self.db else {
+        let Some(pool) = self.db.sqlite_pool() else {
             panic!("sqlite")
         };
         sqlx::query(sql)

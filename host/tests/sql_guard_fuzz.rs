@@ -122,27 +122,26 @@ fn mutate(seed: &str, mutations: &[(u16, usize, bool)]) -> String {
 async fn state(tx: &mut Tx, a: &Arena) -> (Vec<String>, i64, i64) {
     let secrets = format!("SELECT v FROM {} ORDER BY v", a.secrets);
     let receipts = "SELECT count(*) FROM idem_receipts";
-    match tx {
-        Tx::Postgres(t) => {
-            sqlx::raw_sql("RESET ROLE").execute(&mut **t).await.unwrap();
-            let objects = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+    if let Some(t) = tx.postgres_tx() {
+        sqlx::raw_sql("RESET ROLE").execute(&mut **t).await.unwrap();
+        let objects = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                            WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')";
-            (
-                sqlx::query_scalar(AssertSqlSafe(secrets))
-                    .fetch_all(&mut **t)
-                    .await
-                    .unwrap(),
-                sqlx::query_scalar(receipts)
-                    .fetch_one(&mut **t)
-                    .await
-                    .unwrap(),
-                sqlx::query_scalar(objects)
-                    .fetch_one(&mut **t)
-                    .await
-                    .unwrap(),
-            )
-        }
-        Tx::Sqlite(t) => (
+        (
+            sqlx::query_scalar(AssertSqlSafe(secrets))
+                .fetch_all(&mut **t)
+                .await
+                .unwrap(),
+            sqlx::query_scalar(receipts)
+                .fetch_one(&mut **t)
+                .await
+                .unwrap(),
+            sqlx::query_scalar(objects)
+                .fetch_one(&mut **t)
+                .await
+                .unwrap(),
+        )
+    } else if let Some(t) = tx.sqlite_tx() {
+        (
             sqlx::query_scalar(AssertSqlSafe(secrets))
                 .fetch_all(&mut **t)
                 .await
@@ -155,7 +154,9 @@ async fn state(tx: &mut Tx, a: &Arena) -> (Vec<String>, i64, i64) {
                 .fetch_one(&mut **t)
                 .await
                 .unwrap(),
-        ),
+        )
+    } else {
+        unreachable!("no backend")
     }
 }
 

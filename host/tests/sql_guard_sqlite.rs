@@ -34,7 +34,7 @@ async fn lite() -> Lite {
     let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     let db = Database::connect(&url, 2).await.unwrap();
     db.prepare_host_tables().await.unwrap();
-    let Database::Sqlite(pool) = &db else {
+    let Some(pool) = db.sqlite_pool() else {
         unreachable!()
     };
     for sql in SETUP {
@@ -345,7 +345,7 @@ async fn sqlite_judges_by_its_own_grammar() {
     );
     // Nothing ran while judging.
     tx.rollback().await.unwrap();
-    let Database::Sqlite(pool) = &l.db else {
+    let Some(pool) = l.db.sqlite_pool() else {
         unreachable!()
     };
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
@@ -422,7 +422,7 @@ async fn sqlite_values_are_bounded_while_the_guest_runs() {
     }
     tx.rollback().await.unwrap();
     // The bound ends with the transaction: the host's own writes are not held to it.
-    let Database::Sqlite(pool) = &l.db else {
+    let Some(pool) = l.db.sqlite_pool() else {
         unreachable!()
     };
     sqlx::query("INSERT INTO secrets VALUES ($1)")
@@ -439,7 +439,7 @@ async fn sqlite_values_are_bounded_while_the_guest_runs() {
 #[tokio::test]
 async fn sqlite_foreign_key_checks_are_not_reads_of_the_parent() {
     let l = lite().await;
-    let Database::Sqlite(pool) = &l.db else {
+    let Some(pool) = l.db.sqlite_pool() else {
         unreachable!()
     };
     for sql in [

@@ -8,17 +8,18 @@ use idem::store::{Database, migrations_table};
 use std::path::Path;
 
 async fn scalar(db: &Database, sql: String) -> i64 {
-    match db {
-        Database::Postgres(p) => {
+    match (db.postgres_pool(), db.sqlite_pool()) {
+        (Some(p), _) => {
             sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .fetch_one(p)
                 .await
         }
-        Database::Sqlite(p) => {
+        (None, Some(p)) => {
             sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .fetch_one(p)
                 .await
         }
+        (None, None) => unreachable!("no backend"),
     }
     .unwrap()
 }

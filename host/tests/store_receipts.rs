@@ -396,7 +396,7 @@ async fn connect_errors_are_one_line_without_password() {
         .await
         .unwrap();
     assert!(path.exists());
-    if let Database::Sqlite(pool) = &db {
+    if let Some(pool) = db.sqlite_pool() {
         let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
             .fetch_one(pool)
             .await

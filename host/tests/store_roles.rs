@@ -12,7 +12,7 @@ use idem::store::{Database, DbError, DbErrorKind, Receipt, SqlValue, StatementEr
 use sqlx::AssertSqlSafe;
 
 async fn raw(db: &Database, sql: &str) {
-    let Database::Postgres(p) = db else {
+    let Some(p) = db.postgres_pool() else {
         unreachable!()
     };
     sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
@@ -108,7 +108,7 @@ async fn handler_role_holds_only_its_granted_tables() {
     tx.commit().await.unwrap();
 
     assert_eq!(db.receipt_count(&handler).await.unwrap(), 1);
-    let Database::Postgres(p) = &db else {
+    let Some(p) = db.postgres_pool() else {
         unreachable!()
     };
     let v: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT v FROM {mine}")))
@@ -181,7 +181,7 @@ async fn role_setup_and_pruning_do_not_wait_for_each_other() {
     prune.release().await.unwrap();
     // Role set-up holds its lock (another session, mid-transaction): a
     // prune pass gets its own.
-    let Database::Postgres(pool) = &db else {
+    let Some(pool) = db.postgres_pool() else {
         unreachable!()
     };
     let mut setup = pool.begin().await.unwrap();

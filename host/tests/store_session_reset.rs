@@ -13,7 +13,7 @@ use idem::store::Database;
 #[tokio::test]
 async fn session_state_does_not_survive_release() {
     let db = Database::connect(&pg_url(), 1).await.unwrap();
-    let Database::Postgres(pool) = &db else {
+    let Some(pool) = db.postgres_pool() else {
         unreachable!()
     };
     let key: i64 = 0x6964_656d_7e57;
@@ -60,7 +60,7 @@ async fn session_state_does_not_survive_release() {
 async fn the_connecting_user_is_known() {
     let db = Database::connect(&pg_url(), 1).await.unwrap();
     let (user, superuser) = db.session_user().await.unwrap().unwrap();
-    let Database::Postgres(pool) = &db else {
+    let Some(pool) = db.postgres_pool() else {
         unreachable!()
     };
     let (want_user, want_super): (String, bool) = sqlx::query_as(

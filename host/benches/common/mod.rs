@@ -41,13 +41,14 @@ pub async fn run_sql(
 ) -> anyhow::Result<()> {
     for sql in statements {
         let sql = sqlx::AssertSqlSafe(sql);
-        match db {
-            Database::Postgres(pool) => {
+        match (db.postgres_pool(), db.sqlite_pool()) {
+            (Some(pool), _) => {
                 sqlx::raw_sql(sql).execute(pool).await?;
             }
-            Database::Sqlite(pool) => {
+            (None, Some(pool)) => {
                 sqlx::raw_sql(sql).execute(pool).await?;
             }
+            (None, None) => anyhow::bail!("no database backend"),
         }
     }
     Ok(())

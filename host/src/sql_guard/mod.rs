@@ -22,7 +22,9 @@
 mod postgres;
 mod sqlite;
 
-use crate::store::{DbError, DbErrorKind, DbKind, SqlValue, Tx};
+pub use crate::sql_value::CheckedSql;
+use crate::sql_value::{DbError, DbErrorKind, SqlValue, type_letters};
+use crate::store::{DbKind, Tx};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -66,44 +68,6 @@ pub const CACHE_BYTES: usize = 4 << 20;
 
 /// The highest placeholder number accepted (`$65535`, PostgreSQL's limit).
 pub const MAX_PLACEHOLDER: usize = 65_535;
-
-/// SQL text that passed [`SqlGuard::check`], exactly as it is sent to the
-/// database. Only this module can construct one, so holding a `CheckedSql`
-/// proves the text was judged; the store runs guest statements only from it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckedSql {
-    text: Arc<str>,
-    params: usize,
-    /// PostgreSQL: the parameter types it was judged for ([`type_letters`]);
-    /// the store refuses other ones. `None` on SQLite.
-    types: Option<Arc<str>>,
-}
-
-impl CheckedSql {
-    /// The judged statement text, exactly as it is sent to the database.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The highest `$n` placeholder in the statement (0 when it has none).
-    /// The store requires exactly this many parameters.
-    pub fn param_count(&self) -> usize {
-        self.params
-    }
-
-    /// Whether `params` have the types this text was judged for (always on
-    /// SQLite; on PostgreSQL the text names them, see [`SqlGuard::check`]).
-    pub fn fits(&self, params: &[SqlValue]) -> bool {
-        self.types
-            .as_deref()
-            .is_none_or(|t| t == type_letters(params).as_str())
-    }
-
-    /// The text for sqlx, asserted safe because it was judged.
-    pub(crate) fn to_sqlx(&self) -> sqlx::AssertSqlSafe<Arc<str>> {
-        sqlx::AssertSqlSafe(self.text.clone())
-    }
-}
 
 type Verdict = Result<CheckedSql, DbError>;
 
@@ -171,11 +135,7 @@ impl SqlGuard {
                 }
                 DbKind::Sqlite => sqlite::judge(tx, &text, &self.granted).await,
             }
-            .map(|params| CheckedSql {
-                text: text.clone(),
-                params,
-                types,
-            }),
+            .map(|params| CheckedSql::judged(text.clone(), params, types)),
         };
         // A connection failure says nothing about the text: not cached.
         if !matches!(&verdict, Err(e) if e.kind == DbErrorKind::Other) {
@@ -213,7 +173,7 @@ impl SqlGuard {
     fn remember(&self, text: Arc<str>, verdict: Verdict) {
         let size = text.len()
             + match &verdict {
-                Ok(c) => c.text.len(),
+                Ok(c) => c.as_str().len(),
                 Err(e) => e.message.len(),
             };
         let mut cache = self.lock_cache();
@@ -258,22 +218,6 @@ fn typed_text(sql: &str, params: &[SqlValue]) -> String {
     } else {
         format!("{sql}\n-- idem:{}", type_letters(params))
     }
-}
-
-/// One letter per parameter type: `n`ull, `i`nteger, `f`loat, `t`ext,
-/// `b`ytes, bo`o`lean.
-fn type_letters(params: &[SqlValue]) -> String {
-    params
-        .iter()
-        .map(|p| match p {
-            SqlValue::Null => 'n',
-            SqlValue::Integer(_) => 'i',
-            SqlValue::Float(_) => 'f',
-            SqlValue::Text(_) => 't',
-            SqlValue::Bytes(_) => 'b',
-            SqlValue::Boolean(_) => 'o',
-        })
-        .collect()
 }
 
 /// What is refused before either database sees the text: too long, or a NUL

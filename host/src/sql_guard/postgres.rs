@@ -28,7 +28,7 @@
 //! asks the catalog (see `SqlGuard::check`).
 
 use super::ALLOWED_FUNCTIONS;
-use crate::store::{DbError, DbErrorKind};
+use crate::sql_value::{DbError, DbErrorKind};
 use pg_query::protobuf::{AExprKind, Token};
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, HashSet};

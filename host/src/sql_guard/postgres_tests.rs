@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::judge;
-use crate::store::DbErrorKind;
+use crate::sql_value::DbErrorKind;
 use std::collections::HashSet;
 
 /// The expected outcome of one statement.

@@ -21,8 +21,9 @@
 //! once (every SELECT, INSERT, UPDATE and DELETE does).
 
 use super::{ALLOWED_FUNCTIONS, MAX_PLACEHOLDER, function_not_allowed, not_dml, not_granted};
+use crate::sql_value::{DbError, DbErrorKind};
+use crate::store::Tx;
 use crate::store::sqlite_raw::{CompileError, Compiled, Request};
-use crate::store::{DbError, DbErrorKind, Tx};
 use libsqlite3_sys as ffi;
 use std::collections::HashSet;
 

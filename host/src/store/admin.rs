@@ -4,8 +4,7 @@
 //! receipts. Both databases; times come back as Unix milliseconds read on
 //! the database's clock (the clock that wrote them).
 
-use super::{Database, DeadLetterRow, StoreError, Tx, decode_headers, one_line, redact_url};
-use sqlx::Row as _;
+use super::{Database, DeadLetterRow, StoreError, Tx, dispatch, one_line, redact_url, sqlite};
 use std::time::Duration;
 
 /// One stored receipt, as read back by [`Database::receipt`].
@@ -38,70 +37,30 @@ pub struct ReceiptSummary {
     pub newest_ms: Option<i64>,
 }
 
-/// `failed_at` as Unix milliseconds, per dialect.
-macro_rules! dead_letter_columns {
-    (postgres) => {
-        "id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, \
-         (extract(epoch FROM failed_at) * 1000)::bigint AS failed_at_ms, published_ns"
-    };
-    (sqlite) => {
-        "id, consumer, message_id, stream, stream_sequence, subject, reason, headers, payload, \
-         failed_at AS failed_at_ms, published_ns"
-    };
-}
-
-/// `processed_at` as Unix milliseconds, per dialect (`$c` is the column or an aggregate of it).
-macro_rules! millis {
-    (postgres, $c:literal) => {
-        concat!("(extract(epoch FROM ", $c, ") * 1000)::bigint")
-    };
-    (sqlite, $c:literal) => {
-        $c
-    };
-}
-
-/// Decodes one row selected with `dead_letter_columns!`.
-macro_rules! decode_dead_letter {
-    ($row:expr) => {{
-        let row = $row;
-        Ok::<_, sqlx::Error>(DeadLetterRow {
-            id: row.try_get("id")?,
-            consumer: row.try_get("consumer")?,
-            message_id: row.try_get("message_id")?,
-            stream: row.try_get("stream")?,
-            stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
-            subject: row.try_get("subject")?,
-            reason: row.try_get("reason")?,
-            headers: decode_headers(row.try_get("headers")?)?,
-            payload: row.try_get("payload")?,
-            failed_at_ms: row.try_get("failed_at_ms")?,
-            published_ns: row.try_get("published_ns")?,
-        })
-    }};
-}
-
 impl Database {
     /// [`Database::connect_with`] for an admin command, which must not create
     /// what it inspects: a SQLite file that does not exist, or a database
     /// without idem's host tables, is an error (one line naming the URL,
     /// password redacted), so a wrong `[database] url` or working directory
     /// is not mistaken for an empty dead-letter table.
+    ///
+    /// # Errors
+    /// As [`Database::connect_with`]; also the SQLite file is missing, or the
+    /// database cannot be read or has no host tables.
     pub async fn connect_existing(
         url: &str,
         max_connections: u32,
         lock_wait: Duration,
     ) -> anyhow::Result<Self> {
-        if url.starts_with("sqlite:") && !url.contains(":memory:") && !url.contains("mode=memory") {
-            let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(url)
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot connect to database {}: {}; check [database] url",
-                        redact_url(url),
-                        one_line(&e.to_string())
-                    )
-                })?;
-            let file = options.get_filename();
-            if !file.exists() {
+        if url.starts_with("sqlite:") {
+            let file = sqlite::file_of(url).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to database {}: {}; check [database] url",
+                    redact_url(url),
+                    one_line(&e.to_string())
+                )
+            })?;
+            if let Some(file) = file.filter(|f| !f.exists()) {
                 anyhow::bail!(
                     "database file {} does not exist; check [database] url (a relative sqlite path is read from the working directory)",
                     file.display()
@@ -128,156 +87,62 @@ impl Database {
 
     /// Whether both host tables (`idem_receipts`, `idem_dead_letters`) exist
     /// (PostgreSQL: on the connection's `search_path`).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn has_host_tables(&self) -> Result<bool, StoreError> {
-        Ok(match self {
-            Database::Postgres(pool) => {
-                sqlx::query_scalar(
-                    "SELECT to_regclass('idem_receipts') IS NOT NULL
-                        AND to_regclass('idem_dead_letters') IS NOT NULL",
-                )
-                .fetch_one(pool)
-                .await?
-            }
-            Database::Sqlite(pool) => {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table'
-                       AND name IN ('idem_receipts', 'idem_dead_letters')",
-                )
-                .fetch_one(pool)
-                .await?;
-                n == 2
-            }
-        })
+        Ok(dispatch!(&self.0, b => b.has_host_tables().await)?)
     }
 
     /// Dead letters in id order (oldest first): every consumer's, or only
     /// `consumer`'s.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn list_dead_letters(
         &self,
         consumer: Option<&str>,
     ) -> Result<Vec<DeadLetterRow>, StoreError> {
-        let rows = match self {
-            Database::Postgres(pool) => sqlx::query(concat!(
-                "SELECT ",
-                dead_letter_columns!(postgres),
-                " FROM idem_dead_letters WHERE $1::text IS NULL OR consumer = $1 ORDER BY id"
-            ))
-            .bind(consumer)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| decode_dead_letter!(row))
-            .collect::<Result<Vec<_>, _>>()?,
-            Database::Sqlite(pool) => sqlx::query(concat!(
-                "SELECT ",
-                dead_letter_columns!(sqlite),
-                " FROM idem_dead_letters WHERE $1 IS NULL OR consumer = $1 ORDER BY id"
-            ))
-            .bind(consumer)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| decode_dead_letter!(row))
-            .collect::<Result<Vec<_>, _>>()?,
-        };
-        Ok(rows)
+        Ok(dispatch!(&self.0, b => b.list_dead_letters(consumer).await)?)
     }
 
     /// The dead letter with row id `id`, `None` if there is none.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn dead_letter_by_id(&self, id: i64) -> Result<Option<DeadLetterRow>, StoreError> {
-        Ok(match self {
-            Database::Postgres(pool) => sqlx::query(concat!(
-                "SELECT ",
-                dead_letter_columns!(postgres),
-                " FROM idem_dead_letters WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_dead_letter!(&row))
-            .transpose()?,
-            Database::Sqlite(pool) => sqlx::query(concat!(
-                "SELECT ",
-                dead_letter_columns!(sqlite),
-                " FROM idem_dead_letters WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_dead_letter!(&row))
-            .transpose()?,
-        })
+        Ok(dispatch!(&self.0, b => b.dead_letter_by_id(id).await)?)
     }
 
     /// Deletes the dead letter with row id `id` (its own transaction).
     /// `true`: deleted; `false`: there was none.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn drop_dead_letter(&self, id: i64) -> Result<bool, StoreError> {
-        let n = match self {
-            Database::Postgres(pool) => sqlx::query("DELETE FROM idem_dead_letters WHERE id = $1")
-                .bind(id)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Database::Sqlite(pool) => sqlx::query("DELETE FROM idem_dead_letters WHERE id = $1")
-                .bind(id)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-        };
+        let n = dispatch!(&self.0, b => b.drop_dead_letter(id).await)?;
         Ok(n == 1)
     }
 
     /// Deletes every dead letter of `consumer` (one statement); returns how many.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn drop_dead_letters(&self, consumer: &str) -> Result<u64, StoreError> {
-        Ok(match self {
-            Database::Postgres(pool) => {
-                sqlx::query("DELETE FROM idem_dead_letters WHERE consumer = $1")
-                    .bind(consumer)
-                    .execute(pool)
-                    .await?
-                    .rows_affected()
-            }
-            Database::Sqlite(pool) => {
-                sqlx::query("DELETE FROM idem_dead_letters WHERE consumer = $1")
-                    .bind(consumer)
-                    .execute(pool)
-                    .await?
-                    .rows_affected()
-            }
-        })
+        Ok(dispatch!(&self.0, b => b.drop_dead_letters(consumer).await)?)
     }
 
     /// `consumer`'s receipt for `message_id`, `None` if it has none
     /// (never processed, pruned, or forgotten; uncommitted ones are not seen).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn receipt(
         &self,
         consumer: &str,
         message_id: &str,
     ) -> Result<Option<ReceiptRow>, StoreError> {
-        let row: Option<(i64, String, i64, i64)> = match self {
-            Database::Postgres(pool) => {
-                sqlx::query_as(concat!(
-                    "SELECT stream_sequence, module_digest, ",
-                    millis!(postgres, "processed_at"),
-                    ", published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
-                ))
-                .bind(consumer)
-                .bind(message_id)
-                .fetch_optional(pool)
-                .await?
-            }
-            Database::Sqlite(pool) => {
-                sqlx::query_as(concat!(
-                    "SELECT stream_sequence, module_digest, ",
-                    millis!(sqlite, "processed_at"),
-                    ", published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2"
-                ))
-                .bind(consumer)
-                .bind(message_id)
-                .fetch_optional(pool)
-                .await?
-            }
-        };
+        let row = dispatch!(&self.0, b => b.receipt(consumer, message_id).await)?;
         Ok(row.map(
             |(seq, module_digest, processed_at_ms, published_ms)| ReceiptRow {
                 consumer: consumer.to_owned(),
@@ -293,23 +158,12 @@ impl Database {
     /// How many receipts `consumer` has, and the oldest and newest
     /// `published_ms` among them (one statement, by the
     /// `(consumer, published_ms)` index).
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn receipt_summary(&self, consumer: &str) -> Result<ReceiptSummary, StoreError> {
-        const SUMMARY: &str = "SELECT count(*), min(published_ms), max(published_ms)
-                               FROM idem_receipts WHERE consumer = $1";
-        let (count, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) = match self {
-            Database::Postgres(pool) => {
-                sqlx::query_as(SUMMARY)
-                    .bind(consumer)
-                    .fetch_one(pool)
-                    .await?
-            }
-            Database::Sqlite(pool) => {
-                sqlx::query_as(SUMMARY)
-                    .bind(consumer)
-                    .fetch_one(pool)
-                    .await?
-            }
-        };
+        let (count, oldest_ms, newest_ms) =
+            dispatch!(&self.0, b => b.receipt_summary(consumer).await)?;
         Ok(ReceiptSummary {
             count: u64::try_from(count).unwrap_or(0),
             oldest_ms,
@@ -320,37 +174,20 @@ impl Database {
     /// Deletes `consumer`'s receipts for `message_ids` in one transaction;
     /// returns how many existed (ids without a receipt, and repeats, count 0).
     /// A redelivery or replay of a forgotten id runs the handler again.
+    ///
+    /// # Errors
+    /// A statement or the commit fails; then nothing is forgotten.
     pub async fn forget_receipts(
         &self,
         consumer: &str,
         message_ids: &[String],
     ) -> Result<u64, StoreError> {
-        const SQL: &str = "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id = $2";
+        let mut tx = self.begin().await?;
         let mut deleted = 0;
-        match self.begin().await? {
-            Tx::Postgres(mut tx) => {
-                for id in message_ids {
-                    let done = sqlx::query(SQL)
-                        .bind(consumer)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    deleted += done.rows_affected();
-                }
-                tx.commit().await?;
-            }
-            Tx::Sqlite(mut tx) => {
-                for id in message_ids {
-                    let done = sqlx::query(SQL)
-                        .bind(consumer)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    deleted += done.rows_affected();
-                }
-                tx.commit().await?;
-            }
+        for id in message_ids {
+            deleted += dispatch!(&mut tx.0, t => t.forget_receipt(consumer, id).await)?;
         }
+        tx.commit().await?;
         Ok(deleted)
     }
 }
@@ -361,26 +198,10 @@ impl Tx {
     /// locked until the transaction ends (a concurrent taker waits, then
     /// finds it gone or, after a rollback, takes it); SQLite's transaction
     /// holds the write lock already. Rolling back puts the row back.
+    ///
+    /// # Errors
+    /// The statement fails (see [`StoreError::class`]).
     pub async fn take_dead_letter(&mut self, id: i64) -> Result<Option<DeadLetterRow>, StoreError> {
-        Ok(match self {
-            Tx::Postgres(tx) => sqlx::query(concat!(
-                "DELETE FROM idem_dead_letters WHERE id = $1 RETURNING ",
-                dead_letter_columns!(postgres)
-            ))
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|row| decode_dead_letter!(&row))
-            .transpose()?,
-            Tx::Sqlite(tx) => sqlx::query(concat!(
-                "DELETE FROM idem_dead_letters WHERE id = $1 RETURNING ",
-                dead_letter_columns!(sqlite)
-            ))
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|row| decode_dead_letter!(&row))
-            .transpose()?,
-        })
+        Ok(dispatch!(&mut self.0, t => t.take_dead_letter(id).await)?)
     }
 }

@@ -15,9 +15,7 @@
 //! was stamped on; the caller computes it ([`crate::broker_clock::prune_cutoff`]).
 //! Neither this host's clock nor the database's takes part.
 
-use super::{Database, StoreError};
-use sqlx::Postgres;
-use sqlx::pool::PoolConnection;
+use super::{Backend, Database, StoreError, dispatch, postgres, sqlite};
 use std::time::Duration;
 
 /// Key of the PostgreSQL session advisory lock held for a prune pass.
@@ -41,36 +39,16 @@ pub enum PrunePass {
 /// unlocks and returns it to the pool. Dropped unreleased (e.g. a task
 /// aborted mid-pass), the session is closed, which also releases the lock:
 /// a connection holding it never goes back to the pool.
-pub struct PruneLock {
-    conn: Option<PoolConnection<Postgres>>,
-}
+pub struct PruneLock(pub(super) Backend<postgres::PruneLock, sqlite::PruneLock>);
 
 impl PruneLock {
-    /// Releases the lock (PostgreSQL: `pg_advisory_unlock`).
-    pub async fn release(mut self) -> Result<(), StoreError> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
-        };
-        let unlocked = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
-            .bind(PRUNE_LOCK_KEY)
-            .fetch_one(&mut *conn)
-            .await;
-        match unlocked {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(_) => {
-                // Unknown state: close the session rather than pool it.
-                conn.close_on_drop();
-                unlocked.map(|_| ()).map_err(StoreError::from)
-            }
-        }
-    }
-}
-
-impl Drop for PruneLock {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            conn.close_on_drop();
-        }
+    /// Releases the lock (PostgreSQL: `pg_advisory_unlock`; an unknown
+    /// outcome closes the session rather than pooling it).
+    ///
+    /// # Errors
+    /// The unlock failed (the session is closed, which releases the lock).
+    pub async fn release(self) -> Result<(), StoreError> {
+        Ok(dispatch!(self.0, l => l.release().await)?)
     }
 }
 
@@ -92,32 +70,8 @@ impl Database {
         let batch = batch.max(1);
         let mut total = 0u64;
         loop {
-            let deleted = match self {
-                Database::Postgres(pool) => sqlx::query(
-                    "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
-                         SELECT message_id FROM idem_receipts
-                         WHERE consumer = $1 AND published_ms < $2
-                         LIMIT $3)",
-                )
-                .bind(consumer)
-                .bind(published_before_ms)
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-                Database::Sqlite(pool) => sqlx::query(
-                    "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
-                         SELECT message_id FROM idem_receipts
-                         WHERE consumer = $1 AND published_ms < $2
-                         LIMIT $3)",
-                )
-                .bind(consumer)
-                .bind(published_before_ms)
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            };
+            let deleted =
+                dispatch!(&self.0, b => b.prune_batch(consumer, published_before_ms, batch).await)?;
             total += deleted;
             if deleted < u64::from(batch) {
                 return Ok(total);
@@ -128,18 +82,11 @@ impl Database {
 
     /// Tries to become the one pruner of this database, without waiting.
     /// `Ok(None)`: another session holds the lock (PostgreSQL only).
+    ///
+    /// # Errors
+    /// No connection, or the lock query fails.
     pub async fn try_prune_lock(&self) -> Result<Option<PruneLock>, StoreError> {
-        match self {
-            Database::Sqlite(_) => Ok(Some(PruneLock { conn: None })),
-            Database::Postgres(pool) => {
-                let mut conn = pool.acquire().await?;
-                let got = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
-                    .bind(PRUNE_LOCK_KEY)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                Ok(got.then_some(PruneLock { conn: Some(conn) }))
-            }
-        }
+        Ok(dispatch!(&self.0, b => b.try_prune_lock().await)?)
     }
 
     /// One pruning pass: under [`Database::try_prune_lock`] (skipped when

@@ -71,15 +71,16 @@ pub fn unique(prefix: &str) -> String {
 /// Runs `sql` (one or more statements) outside any transaction; panics
 /// with the statement on error.
 pub async fn raw(db: &Database, sql: &str) {
-    match db {
-        Database::Postgres(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+    match (db.postgres_pool(), db.sqlite_pool()) {
+        (Some(p), _) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
             .execute(p)
             .await
             .map(|_| ()),
-        Database::Sqlite(p) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        (None, Some(p)) => sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
             .execute(p)
             .await
             .map(|_| ()),
+        (None, None) => unreachable!("no backend"),
     }
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

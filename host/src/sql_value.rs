@@ -1,6 +1,17 @@
 //! Database-neutral values, rows and errors that cross between a guest and a
-//! transaction. The runtime converts these to and from the WIT types in
+//! transaction, and [`CheckedSql`], the proof that a statement was judged.
+//! The runtime converts the values to and from the WIT types in
 //! `wit/handler.wit` (`idem:handler/types`).
+//!
+//! A leaf: it imports nothing from `store` or `sql_guard`, so both can use it
+//! without importing each other in a cycle. `sql_guard` depends on `store`
+//! (it judges a statement in the message's [`crate::store::Tx`]); `store`
+//! never imports `sql_guard`. What `store` needs from the guard is only its
+//! verdict, [`CheckedSql`]: its constructor is `pub(crate)` and only
+//! `sql_guard` calls it (ARCHITECTURE.md, "The SQL sandbox": exactly the
+//! judged text runs).
+
+use std::sync::Arc;
 
 /// One SQL value, bound to a `$n` placeholder or read from a result column.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,4 +107,72 @@ impl From<DbError> for StatementError {
     fn from(e: DbError) -> Self {
         StatementError::Failed(e)
     }
+}
+
+/// SQL text that passed [`crate::sql_guard::SqlGuard::check`], exactly as it
+/// is sent to the database. Holding one proves the text was judged: the store
+/// runs guest statements only from it, and only `sql_guard` builds one
+/// (`CheckedSql::judged`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedSql {
+    text: Arc<str>,
+    params: usize,
+    /// PostgreSQL: the parameter types it was judged for ([`type_letters`]);
+    /// the store refuses other ones. `None` on SQLite.
+    types: Option<Arc<str>>,
+}
+
+impl CheckedSql {
+    /// The verdict "allowed" for `text` with `params` placeholders, judged for
+    /// the parameter types `types` ([`type_letters`]; `None`: any). Only
+    /// `sql_guard` builds one, after judging `text`.
+    pub(crate) fn judged(text: Arc<str>, params: usize, types: Option<Arc<str>>) -> Self {
+        Self {
+            text,
+            params,
+            types,
+        }
+    }
+
+    /// The judged statement text, exactly as it is sent to the database.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The judged text, shared (for the driver, which keeps it in its
+    /// statement cache).
+    pub(crate) fn shared_text(&self) -> Arc<str> {
+        self.text.clone()
+    }
+
+    /// The highest `$n` placeholder in the statement (0 when it has none).
+    /// The store requires exactly this many parameters.
+    pub fn param_count(&self) -> usize {
+        self.params
+    }
+
+    /// Whether `params` have the types this text was judged for (always on
+    /// SQLite; on PostgreSQL the text names them, see
+    /// [`crate::sql_guard::SqlGuard::check`]).
+    pub fn fits(&self, params: &[SqlValue]) -> bool {
+        self.types
+            .as_deref()
+            .is_none_or(|t| t == type_letters(params).as_str())
+    }
+}
+
+/// One letter per parameter type: `n`ull, `i`nteger, `f`loat, `t`ext,
+/// `b`ytes, bo`o`lean.
+pub(crate) fn type_letters(params: &[SqlValue]) -> String {
+    params
+        .iter()
+        .map(|p| match p {
+            SqlValue::Null => 'n',
+            SqlValue::Integer(_) => 'i',
+            SqlValue::Float(_) => 'f',
+            SqlValue::Text(_) => 't',
+            SqlValue::Bytes(_) => 'b',
+            SqlValue::Boolean(_) => 'o',
+        })
+        .collect()
 }

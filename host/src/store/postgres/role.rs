@@ -29,7 +29,7 @@ pub(super) async fn prepare(
 ) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(super::advisory::ROLE_SETUP)
+        .bind(crate::store::advisory::ROLE_SETUP)
         .execute(&mut *tx)
         .await?;
     let exists: bool =

@@ -1,16 +1,18 @@
-//! Database availability: which store errors mean "the database cannot be
-//! reached" (as opposed to "this transaction failed"), and the shared gate
-//! every handler waits on while it is unreachable.
+//! The database availability gate every handler waits on while the
+//! database is unreachable. Which store errors mean "the database cannot be
+//! reached" (as opposed to "this transaction failed") is the store's
+//! ([`StoreError::class`]); how the database is asked is too
+//! ([`Database::probe`]).
 //!
 //! The rule (README, "Failures"): an unreachable database is not the
 //! message's fault, so it must not spend the message's JetStream deliveries
 //! (`max_deliver`) nor end in a dead letter. The handler that hit it holds
 //! its message (in-progress acks keep it ours), every handler stops fetching,
-//! one probe per [`DbHealth`] asks the database with backoff, and when it
+//! one probe per [`DbGate`] asks the database with backoff, and when it
 //! answers the held messages run again from BEGIN: the receipt decides
 //! whether an earlier COMMIT whose outcome was unknown had happened.
 
-use crate::store::{Database, StoreError};
+use crate::store::{Database, ErrorClass, ProbeFailure, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, watch};
@@ -23,68 +25,22 @@ const PROBE_MAX: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// True when `e` says the database could not be reached or used at all,
-/// rather than refusing this transaction:
-/// - driver level: I/O error, TLS failure, protocol error, pool timed out
-///   (no connection could be opened within the acquire timeout), pool
-///   closed, SQLite worker crashed;
-/// - PostgreSQL SQLSTATE class `08` (connection exception), `57P01`
-///   (admin_shutdown, e.g. `pg_terminate_backend`), `57P02` (crash_shutdown),
-///   `57P03` (cannot_connect_now, e.g. starting up), `53300`
-///   (too_many_connections), class `53` insufficient resources (disk full,
-///   out of memory). Source: PostgreSQL manual, Appendix A;
-/// - SQLite primary result codes `SQLITE_READONLY` (8), `SQLITE_IOERR` (10),
-///   `SQLITE_FULL` (13), `SQLITE_CANTOPEN` (14). Source: sqlite.org/rescode.html.
-///
-/// Everything else (a constraint violated at COMMIT, a serialization
-/// failure, a statement timeout) is a failed transaction.
+/// rather than refusing this transaction ([`ErrorClass::Unavailable`]; the
+/// codes are listed there).
 pub fn is_unavailable(e: &StoreError) -> bool {
-    let StoreError::Sqlx(e) = e;
-    sqlx_unavailable(e)
+    e.class() == ErrorClass::Unavailable
 }
 
-/// [`is_unavailable`] for a driver error.
-pub fn sqlx_unavailable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-                matches!(sqlite_primary(&code), Some(8 | 10 | 13 | 14))
-            } else {
-                code.starts_with("08")
-                    || code.starts_with("53")
-                    || matches!(&*code, "57P01" | "57P02" | "57P03")
-            }
-        }),
-        _ => false,
-    }
-}
-
-/// True when `e` is SQLite's `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6): another
-/// transaction held the single write lock past the busy timeout. Nobody is
-/// at fault and nothing happened: the pipeline runs the message again from
-/// BEGIN after a short backoff, spending no delivery.
+/// True when `e` is SQLite's write lock staying busy past the busy timeout
+/// ([`ErrorClass::Busy`]). Nobody is at fault and nothing happened: the
+/// pipeline runs the message again from BEGIN after a short backoff,
+/// spending no delivery.
 pub fn is_busy(e: &StoreError) -> bool {
-    let StoreError::Sqlx(sqlx::Error::Database(db)) = e else {
-        return false;
-    };
-    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-        && db
-            .code()
-            .is_some_and(|code| matches!(sqlite_primary(&code), Some(5 | 6)))
-}
-
-/// The primary result code (low 8 bits) of a SQLite extended result code.
-fn sqlite_primary(code: &str) -> Option<i64> {
-    code.parse::<i64>().ok().map(|c| c & 0xff)
+    e.class() == ErrorClass::Busy
 }
 
 /// The availability gate shared by every handler of one host.
-pub struct DbHealth {
+pub struct DbGate {
     db: Arc<Database>,
     /// `true` while the database answers.
     up: watch::Sender<bool>,
@@ -94,7 +50,7 @@ pub struct DbHealth {
     stop: watch::Receiver<bool>,
 }
 
-impl DbHealth {
+impl DbGate {
     /// A gate for `db`, starting "up". `stop`: the host's shutdown signal.
     pub fn new(db: Arc<Database>, stop: watch::Receiver<bool>) -> Self {
         Self {
@@ -184,33 +140,21 @@ impl DbHealth {
         if self.is_up() {
             return true;
         }
-        match tokio::time::timeout(PROBE_TIMEOUT, ping(&self.db)).await {
-            Ok(Ok(())) => {
+        match self.db.probe(PROBE_TIMEOUT).await {
+            Ok(()) => {
                 if self.up.send_if_modified(|up| !std::mem::replace(up, true)) {
                     tracing::info!("database available again; resuming");
                 }
                 true
             }
-            Ok(Err(e)) => {
+            Err(ProbeFailure::Failed(e)) => {
                 tracing::debug!(error = %e, "database probe failed");
                 false
             }
-            Err(_) => {
+            Err(ProbeFailure::TimedOut) => {
                 tracing::debug!("database probe timed out");
                 false
             }
         }
-    }
-}
-
-/// Whether the database can take a message's transaction again.
-/// PostgreSQL: `SELECT 1` on a pooled connection (the pool tests a
-/// connection before handing it out, so a dead one left from before an
-/// outage is replaced). SQLite: `BEGIN IMMEDIATE` then ROLLBACK, so a file
-/// that can be read but not written (read-only, disk full) is still "down".
-async fn ping(db: &Database) -> Result<(), sqlx::Error> {
-    match db {
-        Database::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-        Database::Sqlite(pool) => pool.begin_with("BEGIN IMMEDIATE").await?.rollback().await,
     }
 }

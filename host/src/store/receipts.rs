@@ -1,0 +1,54 @@
+//! Receipts: the processed-message marker written first in each message's
+//! transaction (ARCHITECTURE.md, "The protocol", invariants 3 to 5).
+
+use super::{Database, StoreError, Tx, dispatch};
+
+/// The receipt for one message: written first in its transaction.
+#[derive(Debug, Clone)]
+pub struct Receipt<'a> {
+    /// The durable consumer (= handler name).
+    pub consumer: &'a str,
+    /// The message identity (header or JSON pointer value).
+    pub message_id: &'a str,
+    /// The JetStream stream sequence of the delivery being processed.
+    pub stream_sequence: u64,
+    /// Hex SHA-256 of the component bytes that handle the message.
+    pub module_digest: &'a str,
+    /// When the broker stored the message, Unix ms on the broker's clock
+    /// (JetStream's `published` metadata): what the retention window is
+    /// measured on ([`crate::broker_clock`]).
+    pub published_ms: i64,
+}
+
+impl Database {
+    /// How many receipts `consumer` has (committed ones only).
+    ///
+    /// # Errors
+    /// The query fails.
+    pub async fn receipt_count(&self, consumer: &str) -> Result<u64, StoreError> {
+        let n = dispatch!(&self.0, b => b.receipt_count(consumer).await)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+impl Tx {
+    /// Inserts the receipt (`ON CONFLICT (consumer, message_id) DO NOTHING`).
+    /// `true`: inserted, the message is new; `false`: a receipt exists, the
+    /// message is a duplicate. On PostgreSQL, while another transaction holds
+    /// an uncommitted receipt with the same key this waits for it; if that one
+    /// commits this returns `false` without error (ARCHITECTURE.md invariant 5).
+    ///
+    /// # Errors
+    /// The stream sequence does not fit a BIGINT, or the insert fails.
+    pub async fn insert_receipt(&mut self, r: &Receipt<'_>) -> Result<bool, StoreError> {
+        let seq = to_i64(r.stream_sequence)?;
+        Ok(dispatch!(&mut self.0, t => t.insert_receipt(r, seq).await)?)
+    }
+}
+
+/// A stream sequence as the BIGINT it is stored as.
+pub(super) fn to_i64(n: u64) -> Result<i64, sqlx::Error> {
+    i64::try_from(n).map_err(|_| {
+        sqlx::Error::Encode(format!("stream sequence {n} does not fit a BIGINT").into())
+    })
+}

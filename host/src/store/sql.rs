@@ -1,0 +1,79 @@
+//! SQL text both backends send alike (PostgreSQL and SQLite read it the
+//! same), and the decoding of a dead-letter row both select the same
+//! columns for. Dialect SQL is in the backend modules.
+
+/// Opens the per-statement savepoint of a guest statement.
+pub(super) const SAVEPOINT: &str = "SAVEPOINT idem_stmt";
+/// Closes it after a statement succeeded.
+pub(super) const RELEASE: &str = "RELEASE SAVEPOINT idem_stmt";
+/// Undoes a failed statement and closes its savepoint.
+pub(super) const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt";
+
+/// Inserts a receipt: `$1` consumer, `$2` message id, `$3` stream sequence,
+/// `$4` module digest, `$5` published ms.
+pub(super) const INSERT_RECEIPT: &str =
+    "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING";
+
+/// Inserts a dead letter once per stored message.
+pub(super) const INSERT_DEAD_LETTER: &str = "INSERT INTO idem_dead_letters
+           (consumer, message_id, stream, stream_sequence, published_ns,
+            subject, reason, headers, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (consumer, stream, stream_sequence, published_ns) DO NOTHING";
+
+/// `$1`'s receipts.
+pub(super) const RECEIPT_COUNT: &str = "SELECT count(*) FROM idem_receipts WHERE consumer = $1";
+
+/// `$1`'s receipt count and publish-time span.
+pub(super) const RECEIPT_SUMMARY: &str = "SELECT count(*), min(published_ms), max(published_ms)
+                               FROM idem_receipts WHERE consumer = $1";
+
+/// Deletes `$1`'s receipt for message `$2`.
+pub(super) const FORGET_RECEIPT: &str =
+    "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id = $2";
+
+/// Deletes the dead letter with id `$1`.
+pub(super) const DROP_DEAD_LETTER: &str = "DELETE FROM idem_dead_letters WHERE id = $1";
+
+/// Deletes every dead letter of consumer `$1`.
+pub(super) const DROP_DEAD_LETTERS: &str = "DELETE FROM idem_dead_letters WHERE consumer = $1";
+
+/// One prune batch: at most `$3` of consumer `$1`'s receipts published
+/// before `$2` (module `retention`).
+pub(super) const PRUNE_BATCH: &str =
+    "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
+                         SELECT message_id FROM idem_receipts
+                         WHERE consumer = $1 AND published_ms < $2
+                         LIMIT $3)";
+
+/// Whether `table` (an unquoted identifier: lower-cased, then quoted) has a row.
+pub(super) fn any_row(table: &str) -> String {
+    format!(
+        "SELECT 1 FROM \"{}\" LIMIT 1",
+        table.to_lowercase().replace('"', "\"\"")
+    )
+}
+
+/// Decodes one row selected with a backend's `DEAD_LETTER_COLUMNS` into a
+/// [`super::DeadLetterRow`] (`Result<_, sqlx::Error>`).
+macro_rules! decode_dead_letter {
+    ($row:expr) => {{
+        use sqlx::Row as _;
+        let row = $row;
+        Ok::<_, sqlx::Error>($crate::store::DeadLetterRow {
+            id: row.try_get("id")?,
+            consumer: row.try_get("consumer")?,
+            message_id: row.try_get("message_id")?,
+            stream: row.try_get("stream")?,
+            stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
+            subject: row.try_get("subject")?,
+            reason: row.try_get("reason")?,
+            headers: $crate::store::dead_letters::decode_headers(row.try_get("headers")?)?,
+            payload: row.try_get("payload")?,
+            failed_at_ms: row.try_get("failed_at_ms")?,
+            published_ns: row.try_get("published_ns")?,
+        })
+    }};
+}
+pub(super) use decode_dead_letter;

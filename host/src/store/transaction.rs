@@ -1,0 +1,139 @@
+//! A message's transaction: begin (bounded in time), the handler's role,
+//! the guest's value bound, what the SQL guard asks of the transaction,
+//! commit and rollback. The guest's statements are in `statement`.
+
+use super::{Database, DbError, StoreError, Tx, dispatch, handler_ident, sqlite_raw};
+use std::time::Duration;
+
+impl Database {
+    /// Begins the transaction for one message. On SQLite it takes the write
+    /// lock at once (`BEGIN IMMEDIATE`), so concurrent transactions wait up to
+    /// the busy timeout instead of failing with "database is locked" later.
+    ///
+    /// # Errors
+    /// No connection, or `BEGIN` fails (see [`StoreError::class`]).
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(dispatch!(&self.0, b => b.begin().await)?)
+    }
+
+    /// [`Database::begin`], with every statement of the transaction bounded in
+    /// time, so a runaway guest statement cannot outlive its handler's deadline:
+    /// - PostgreSQL: `SET LOCAL statement_timeout` (via `set_config(..., true)`),
+    ///   each statement cancelled by the server after `timeout`
+    ///   (SQLSTATE 57014); scoped to this transaction only.
+    /// - SQLite: a progress handler interrupts any statement still running
+    ///   `timeout` after BEGIN (SQLITE_INTERRUPT), so no transaction holds the
+    ///   write lock much past it. Removed before COMMIT and when the
+    ///   connection returns to the pool.
+    ///
+    /// # Errors
+    /// As [`Database::begin`], or the bound cannot be set.
+    pub async fn begin_bounded(&self, timeout: Duration) -> Result<Tx, StoreError> {
+        let mut tx = self.begin().await?;
+        dispatch!(&mut tx.0, t => t.bound_statements(timeout).await)?;
+        Ok(tx)
+    }
+
+    /// PostgreSQL only: prepares `handler`'s own role (see the
+    /// `postgres::role` module), holding privileges on `tables` only, and
+    /// returns its name for [`Tx::enter_handler_role`]. `Ok(None)` on SQLite,
+    /// which has no roles.
+    ///
+    /// # Errors
+    /// The connecting user may not create roles or grant on a table.
+    pub async fn prepare_handler_role(
+        &self,
+        handler: &str,
+        tables: &[String],
+    ) -> Result<Option<String>, StoreError> {
+        let role = handler_ident("idem_handler_", handler);
+        let prepared = dispatch!(&self.0, b => b.prepare_role(&role, tables).await)?;
+        Ok(prepared.then_some(role))
+    }
+
+    /// PostgreSQL only: the connecting user and whether it is a superuser.
+    /// A superuser session can leave any role it switches to, so with one the
+    /// handler roles are not a boundary (the caller warns). `Ok(None)` on SQLite.
+    ///
+    /// # Errors
+    /// The query fails (connection lost).
+    pub async fn session_user(&self) -> Result<Option<(String, bool)>, StoreError> {
+        Ok(dispatch!(&self.0, b => b.session_user().await)?)
+    }
+}
+
+impl Tx {
+    /// Bounds what the guest's statements may create or read in this
+    /// transaction: on SQLite no string, BLOB or row may exceed `max_value_bytes`
+    /// (`SQLITE_LIMIT_LENGTH`, restored when the connection returns to the
+    /// pool). PostgreSQL has no such setting: there results are counted as
+    /// they arrive ([`Tx::query`]). Call it before the guest runs.
+    ///
+    /// # Errors
+    /// The connection cannot be locked.
+    pub async fn bound_guest_values(&mut self, max_value_bytes: usize) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.bound_guest_values(max_value_bytes).await)?)
+    }
+
+    /// Runs the rest of this transaction as `role` (from
+    /// [`Database::prepare_handler_role`]): call it after the receipt insert,
+    /// before the guest's statements. A no-op on SQLite.
+    ///
+    /// # Errors
+    /// The switch fails (the role is gone, the connection is lost).
+    pub async fn enter_handler_role(&mut self, role: &str) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.enter_role(role).await)?)
+    }
+
+    /// SQLite only: compiles `sql` on this transaction's connection with
+    /// `authorize` consulted for everything it would touch, without running
+    /// it (see [`sqlite_raw::compile_judged`]).
+    ///
+    /// `authorize` gets the request and the names of the tables and views of
+    /// the `main` schema, lower-cased (SQLite names a subquery or CTE in a
+    /// `count(*)`-style read the way it names a table; see `sql_guard::sqlite`).
+    ///
+    /// # Errors
+    /// `Other` when the connection cannot be locked, or on PostgreSQL.
+    pub(crate) async fn compile_judged(
+        &mut self,
+        sql: &str,
+        authorize: &mut sqlite_raw::SchemaPolicy<'_>,
+        flag_opcodes: &[&str],
+    ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {
+        dispatch!(&mut self.0, t => t.compile_judged(sql, authorize, flag_opcodes).await)
+    }
+
+    /// PostgreSQL only: which of `names` (field names a statement selects
+    /// from a row, `a.f`) PostgreSQL would resolve as a call `f(a)`
+    /// (attribute notation, "Functions as Columns" in the PostgreSQL manual):
+    /// a function named so that takes one argument exists, and no table of
+    /// `tables` has a column named so. Read from the catalogs in this
+    /// transaction, sorted.
+    ///
+    /// # Errors
+    /// `Other` when the catalogs cannot be read, or on SQLite.
+    pub(crate) async fn row_functions(
+        &mut self,
+        names: &[String],
+        tables: &[String],
+    ) -> Result<Vec<String>, DbError> {
+        dispatch!(&mut self.0, t => t.row_functions(names, tables).await)
+    }
+
+    /// Commits. Only after this returns `Ok` is the effect durable.
+    ///
+    /// # Errors
+    /// `COMMIT` failed or its outcome is unknown (see [`StoreError::class`]).
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(dispatch!(self.0, t => t.commit().await)?)
+    }
+
+    /// Rolls back: the receipt and every guest write disappear together.
+    ///
+    /// # Errors
+    /// `ROLLBACK` failed (the connection is discarded).
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        Ok(dispatch!(self.0, t => t.rollback().await)?)
+    }
+}
