@@ -73,7 +73,12 @@ struct StreamInfoTime {
 pub enum ClockError {
     /// The request failed or the stream does not exist.
     #[error("cannot read the broker's clock from stream `{stream}`: {detail}")]
-    Unreadable { stream: String, detail: String },
+    Unreadable {
+        /// The stream whose info was asked for.
+        stream: String,
+        /// The client's error.
+        detail: String,
+    },
     /// The server answered without a time (nats-server before 2.10).
     #[error(
         "nats-server does not report its time in stream info (it is older than 2.10); upgrade nats-server, which idem's retention window is measured on"

@@ -11,10 +11,12 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about)]
 pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the handlers in the config until SIGINT/SIGTERM.
@@ -42,11 +44,13 @@ pub enum Command {
     },
     /// Dead letters: list, show, redrive, drop (uses the database only).
     Dlq {
+        /// Which dead-letter command.
         #[command(subcommand)]
         command: DlqCommand,
     },
     /// Receipts: show, prune, forget (uses the database only).
     Receipts {
+        /// Which receipts command.
         #[command(subcommand)]
         command: ReceiptsCommand,
     },
@@ -74,10 +78,12 @@ pub struct Which {
     pub handler: Option<String>,
 }
 
+/// `idem dlq …`: the dead-letter commands.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// One line per dead letter, oldest first.
     List {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
         /// Only this handler's dead letters.
@@ -86,6 +92,7 @@ pub enum DlqCommand {
     },
     /// Every field of one dead letter, with its headers and payload.
     Show {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
         /// The dead letter's id.
@@ -94,24 +101,30 @@ pub enum DlqCommand {
     /// Run the stored message through its handler again; on success the
     /// effect commits and the dead letter is removed in one transaction.
     Redrive {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
+        /// Which dead letters.
         #[command(flatten)]
         which: Which,
     },
     /// Delete dead letters without running them.
     Drop {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
+        /// Which dead letters.
         #[command(flatten)]
         which: Which,
     },
 }
 
+/// `idem receipts …`: the receipt commands.
 #[derive(Debug, Subcommand)]
 pub enum ReceiptsCommand {
     /// A handler's receipt count and time span, or one message's receipt.
     Show {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
         /// The handler (= durable consumer) whose receipts to read.
@@ -122,6 +135,7 @@ pub enum ReceiptsCommand {
     },
     /// Delete receipts older than the retention window now (one pruning pass).
     Prune {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
         /// Only this handler (default: every handler in the config).
@@ -130,6 +144,7 @@ pub enum ReceiptsCommand {
     },
     /// Delete receipts so that those messages run again if redelivered or replayed.
     Forget {
+        /// The config whose database is used.
         #[command(flatten)]
         config: ConfigArg,
         /// The handler whose receipts to forget.

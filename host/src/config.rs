@@ -39,20 +39,32 @@ pub enum ConfigError {
     /// already carries it, and `{:#}` would print it twice.
     #[error("cannot read config {path}: {error}")]
     Read {
+        /// The config file.
         path: PathBuf,
+        /// Why it cannot be read.
         error: std::io::Error,
     },
+    /// The file is not valid TOML, has an unknown key or a bad value, or
+    /// fails validation ([`Config::validate`]).
     #[error("invalid config {path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong, one line.
+        message: String,
+    },
 }
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// `[broker]`.
     pub broker: BrokerConfig,
+    /// `[database]` (all defaults when absent).
     #[serde(default)]
     pub database: DatabaseConfig,
+    /// Every `[[handler]]`, in file order.
     #[serde(rename = "handler", default)]
     pub handlers: Vec<HandlerConfig>,
 }

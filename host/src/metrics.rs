@@ -37,15 +37,25 @@ pub struct HandlerStats {
 /// A point-in-time copy of [`HandlerStats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// Deliveries received (every copy, duplicates included).
     pub delivered: u64,
+    /// Deliveries whose effect committed.
     pub processed: u64,
+    /// Deliveries whose receipt existed: acked, nothing changed.
     pub duplicates: u64,
+    /// Deliveries rolled back and naked to run again.
     pub retried: u64,
+    /// Deliveries written as dead letters, then termed.
     pub dead_lettered: u64,
+    /// Guest calls that trapped (deadline, limit, panic).
     pub traps: u64,
+    /// Acks after COMMIT the broker did not confirm.
     pub ack_failures: u64,
+    /// Guest log bytes dropped by the per-message cap.
     pub log_bytes_dropped: u64,
+    /// Times a delivery was held because the database was unavailable or busy.
     pub db_pauses: u64,
+    /// Receipts deleted by pruning.
     pub receipts_pruned: u64,
 }
 

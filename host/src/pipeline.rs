@@ -62,9 +62,13 @@ pub struct Pipeline {
 /// What happened to one delivery (also counted in [`HandlerStats`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// The effect committed and the delivery was acked.
     Processed,
+    /// A receipt existed: acked, nothing changed.
     Duplicate,
+    /// Rolled back and naked to run again (the reason).
     Retried(String),
+    /// Written as a dead letter, then termed (the reason).
     DeadLettered(String),
     /// A database step failed for a reason other than an outage (for example
     /// a constraint checked at COMMIT): rolled back, naked (counted as retried).

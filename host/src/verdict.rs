@@ -36,7 +36,12 @@ pub enum Attempt {
     GuestFailed(HandlerFailure),
     /// A database step failed for a reason other than an outage (a
     /// constraint checked at COMMIT, say); rolled back. `step` names it.
-    StoreFailed { step: &'static str, error: String },
+    StoreFailed {
+        /// The step that failed (`BEGIN`, `COMMIT`, …).
+        step: &'static str,
+        /// The database's error, one line.
+        error: String,
+    },
 }
 
 /// What to do with the delivery, decided by [`decide`].
@@ -47,11 +52,18 @@ pub enum Verdict {
     /// Ack: this delivery's effect committed.
     Processed,
     /// Nak, to be delivered again after `delay`.
-    Retry { reason: String, delay: Duration },
+    Retry {
+        /// Why, for the logs.
+        reason: String,
+        /// The nak delay.
+        delay: Duration,
+    },
     /// Write a durable dead letter (with the message id unless
     /// `without_identity`), then term.
     DeadLetter {
+        /// The reason stored with the dead letter.
         reason: String,
+        /// The message had no usable message id: store it without one.
         without_identity: bool,
     },
 }

@@ -35,6 +35,7 @@ const PULL_EXPIRES: Duration = Duration::from_secs(30);
 /// reconnect instead of waiting for missed heartbeats.
 #[derive(Clone)]
 pub struct Broker {
+    /// The JetStream context every stream, consumer and clock read goes through.
     pub js: jetstream::Context,
     connections: watch::Receiver<u64>,
 }

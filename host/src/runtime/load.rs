@@ -62,23 +62,43 @@ impl std::fmt::Debug for HandlerComponent {
 pub enum LoadError {
     /// The file does not exist.
     #[error("{}: no such file; build the handler (for the examples: scripts/build-guests.sh) or fix `module` in the config", path.display())]
-    Missing { path: PathBuf },
+    Missing {
+        /// The component file.
+        path: PathBuf,
+    },
     /// The file exists but cannot be read.
     #[error("{}: cannot read the file: {detail}", path.display())]
-    Unreadable { path: PathBuf, detail: String },
+    Unreadable {
+        /// The component file.
+        path: PathBuf,
+        /// What is wrong, as wasmtime or the file system said it.
+        detail: String,
+    },
     /// The file is not WebAssembly at all.
     #[error("{}: not a WebAssembly file (no `\\0asm` header); point `module` at a .wasm component", path.display())]
-    NotWasm { path: PathBuf },
+    NotWasm {
+        /// The component file.
+        path: PathBuf,
+    },
     /// A core module, not a component.
     #[error("{}: a core WebAssembly module, not a component; make one with `wasm-tools component new {} -o handler.wasm` and point `module` at that", path.display(), path.display())]
-    CoreModule { path: PathBuf },
+    CoreModule {
+        /// The component file.
+        path: PathBuf,
+    },
     /// A component that does not validate or compile.
     #[error("{}: not a valid WebAssembly component: {detail}", path.display())]
-    Invalid { path: PathBuf, detail: String },
+    Invalid {
+        /// The component file.
+        path: PathBuf,
+        /// What is wrong, as wasmtime or the file system said it.
+        detail: String,
+    },
     /// A component that imports something the host does not provide
     /// (`wasi:http`, say, or WASI 0.3).
     #[error("{}: imports `{name}`{more}, which idem does not provide (it provides only idem:handler/transaction and idem:handler/log{and_wasi}); build Rust guests for wasm32-unknown-unknown and run `wasm-tools component new`, or drop the dependency that needs it", path.display(), more = more_imports(*others), and_wasi = if *wasi { ", and WASI 0.2 with an empty context" } else { "" })]
     UnknownImport {
+        /// The component file.
         path: PathBuf,
         /// The first import the host does not provide.
         name: String,
@@ -90,6 +110,7 @@ pub enum LoadError {
     /// A component that imports WASI 0.2, loaded without [`LoadOptions::wasi`].
     #[error("{}: imports WASI: `{name}`{more}, which idem links only for handlers with `wasi = true`; build for wasm32-unknown-unknown (Rust: then `wasm-tools component new`), or set `wasi = true` for this handler if its language cannot avoid WASI", path.display(), more = more_imports(*others))]
     WasiNotEnabled {
+        /// The component file.
         path: PathBuf,
         /// The first WASI import.
         name: String,
@@ -98,10 +119,20 @@ pub enum LoadError {
     },
     /// The imports do not match the host's (another WIT version, say).
     #[error("{}: its imports do not match this host's ({detail}); rebuild it against this idem's wit/handler.wit", path.display())]
-    ImportMismatch { path: PathBuf, detail: String },
+    ImportMismatch {
+        /// The component file.
+        path: PathBuf,
+        /// What is wrong, as wasmtime or the file system said it.
+        detail: String,
+    },
     /// No `handle` export, or one of another type.
     #[error("{}: does not export `handle: func(msg: message) -> result<_, handler-error>` of world idem:handler/handler ({detail}); build it against this idem's wit/handler.wit", path.display())]
-    BadExport { path: PathBuf, detail: String },
+    BadExport {
+        /// The component file.
+        path: PathBuf,
+        /// What is wrong, as wasmtime or the file system said it.
+        detail: String,
+    },
 }
 
 fn more_imports(others: usize) -> String {
