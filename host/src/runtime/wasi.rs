@@ -24,6 +24,11 @@
 //! The context is built on the first WASI call of a message (a guest that
 //! never calls WASI costs nothing) and dropped with the message's store.
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 #[cfg(doc)]
 use super::Limits;
 use super::guest_log::{LogSink, Stream};
