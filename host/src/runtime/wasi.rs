@@ -92,6 +92,11 @@ pub(crate) fn is_linked(import: &str) -> bool {
 }
 
 /// Adds WASI preview 2 (async) to `linker`.
+///
+/// # Errors
+///
+/// When `linker` already defines one of the WASI interfaces (and does not
+/// allow shadowing).
 pub(crate) fn add_to_linker<T: WasiView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)
 }
