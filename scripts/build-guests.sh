@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds the Rust guests (the credit example and the test guests) and wraps
-# each core module into a component under target/guests/<name>.wasm.
+# Builds the Rust guests listed in tests/guests.txt (the examples and the test
+# guests) into components under target/guests/<component>.wasm
+# ($CARGO_TARGET_DIR/guests when that is set).
 #
-# Guests build for wasm32-unknown-unknown, so they import nothing but the
-# idem:handler interfaces (no WASI). Also builds, for wasm32-wasip2 (whose
-# output is already a component that imports WASI):
-#   target/guests/credit-wasip2.wasm  the credit example; the host refuses it
-#                                     unless its handler sets `wasi = true`;
-#   target/guests/wasi-probe.wasm     a test guest that reports what its WASI
-#                                     context lets it see.
+# A guest for wasm32-unknown-unknown imports nothing but the idem:handler
+# interfaces (no WASI): its core module is wrapped into a component with
+# `wasm-tools component new`. A guest for wasm32-wasip2 is already a component
+# that imports WASI; in the list now:
+#   credit-wasip2  the credit example; the host refuses it unless its handler
+#                  sets `wasi = true`;
+#   wasi-probe     a test guest that reports what its WASI context lets it see.
 #
 # Needs: rustup targets wasm32-unknown-unknown and wasm32-wasip2, and wasm-tools
 # ($WASM_TOOLS, else .tools/venv/bin/wasm-tools, else on PATH).
@@ -18,8 +19,27 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-# package name -> output name (the cdylib file is the package name with - as _).
-guests=(credit likes projection parcel counter behave wrong-world)
+# The one list of guests: "<component> <package> <target>" lines, `#` comments
+# (tests/build.rs reads it too, so that every component has a test).
+list="$root/tests/guests.txt"
+components=()
+declare -A package_of target_of
+while read -r component package target extra; do
+    if [[ -z "$component" || "$component" == \#* ]]; then
+        continue
+    fi
+    if [[ -z "$target" || -n "$extra" ]]; then
+        echo "build-guests: $list: expected \"<component> <package> <target>\", got: $component $package $target $extra" >&2
+        exit 1
+    fi
+    case "$target" in
+        wasm32-unknown-unknown | wasm32-wasip2) ;;
+        *) echo "build-guests: $list: $component: unknown target $target (wasm32-unknown-unknown or wasm32-wasip2)" >&2; exit 1 ;;
+    esac
+    components+=("$component")
+    package_of[$component]=$package
+    target_of[$component]=$target
+done < "$list"
 
 wasm_tools="${WASM_TOOLS:-}"
 if [[ -z "$wasm_tools" ]]; then
@@ -44,28 +64,34 @@ target_dir="${CARGO_TARGET_DIR:-$root/target}"
 out="$target_dir/guests"
 mkdir -p "$out"
 
-pkgs=()
-for g in "${guests[@]}"; do pkgs+=(-p "$g"); done
-cargo build --profile guest --target wasm32-unknown-unknown "${pkgs[@]}"
-
-for g in "${guests[@]}"; do
-    core="$target_dir/wasm32-unknown-unknown/guest/${g//-/_}.wasm"
-    [[ -f "$core" ]] || { echo "build-guests: expected $core after the build" >&2; exit 1; }
-    "$wasm_tools" component new "$core" -o "$out/$g.wasm.tmp"
-    "$wasm_tools" validate "$out/$g.wasm.tmp"
-    mv -f "$out/$g.wasm.tmp" "$out/$g.wasm"
-    echo "build-guests: $out/$g.wasm"
+# One cargo build per target, for that target's packages.
+for target in wasm32-unknown-unknown wasm32-wasip2; do
+    pkgs=()
+    for c in "${components[@]}"; do
+        if [[ ${target_of[$c]} == "$target" ]]; then
+            pkgs+=(-p "${package_of[$c]}")
+        fi
+    done
+    if [[ ${#pkgs[@]} -gt 0 ]]; then
+        cargo build --profile guest --target "$target" "${pkgs[@]}"
+    fi
 done
 
-# wasm32-wasip2 makes a component that imports WASI: the common wrong way for
-# the credit example, and the only way for the WASI probe.
-cargo build --profile guest --target wasm32-wasip2 -p credit -p wasi-probe
-for pair in credit:credit-wasip2 wasi_probe:wasi-probe; do
-    src="$target_dir/wasm32-wasip2/guest/${pair%%:*}.wasm"
-    dst="$out/${pair##*:}.wasm"
+# The cdylib file is the package name with - as _.
+for c in "${components[@]}"; do
+    target=${target_of[$c]}
+    src="$target_dir/$target/guest/${package_of[$c]//-/_}.wasm"
+    dst="$out/$c.wasm"
     [[ -f "$src" ]] || { echo "build-guests: expected $src after the build" >&2; exit 1; }
-    "$wasm_tools" validate "$src"
-    cp -f "$src" "$dst.tmp"
+    if [[ $target == wasm32-unknown-unknown ]]; then
+        "$wasm_tools" component new "$src" -o "$dst.tmp"
+        "$wasm_tools" validate "$dst.tmp"
+    else
+        # wasm32-wasip2 makes a component that imports WASI: the common wrong
+        # way for the credit example, and the only way for the WASI probe.
+        "$wasm_tools" validate "$src"
+        cp -f "$src" "$dst.tmp"
+    fi
     mv -f "$dst.tmp" "$dst"
     echo "build-guests: $dst"
 done

@@ -15,8 +15,28 @@ use crate::value::{HandlerError, Rows, Value};
 /// and `Option<T>` (SQL NULL is `None`; for the others NULL is an error).
 /// Integers convert to `f64`; SQLite stores booleans as 0 / 1, so integers
 /// convert to `bool` too.
+///
+/// | Type | Accepts |
+/// |------|---------|
+/// | `i64` | [`Value::Integer`] |
+/// | `i32`, `u32` | [`Value::Integer`] in the type's range |
+/// | `f64` | [`Value::Float`], [`Value::Integer`] (see [`Value::as_f64`]) |
+/// | `bool` | [`Value::Boolean`], [`Value::Integer`] (0 is `false`) |
+/// | `String` | [`Value::Text`] |
+/// | `Vec<u8>` | [`Value::Bytes`] |
+/// | `Option<T>` | [`Value::Null`] as `None`, else what `T` accepts |
+///
+/// Implement it for a type of your own to read it with
+/// [`Row::get`]; the error string becomes part of a
+/// [`HandlerError::Reject`] reason.
 pub trait FromValue: Sized {
-    /// Converts `v`, or says in one line what it found instead.
+    /// Converts `v`.
+    ///
+    /// # Errors
+    ///
+    /// One line saying what was expected and what was found instead, e.g.
+    /// `expected an integer, found text` or `1099511627776 does not fit an
+    /// i32`.
     fn from_value(v: &Value) -> Result<Self, String>;
 }
 
@@ -91,7 +111,9 @@ impl<T: FromValue> FromValue for Option<T> {
     }
 }
 
-/// One row of a query result, borrowed from its [`Rows`].
+/// One row of a query result, borrowed from its [`Rows`]: the column names
+/// and this row's values, read by column name. Made by [`Rows::iter`],
+/// [`Rows::first`] and [`Rows::one`].
 #[derive(Debug, Clone, Copy)]
 pub struct Row<'a> {
     columns: &'a [String],
@@ -99,8 +121,17 @@ pub struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
-    /// Column `name` as a `T`. Errors ([`HandlerError::Reject`]): no such
-    /// column, or a value that is not a `T`.
+    /// Column `name` as a `T` (any [`FromValue`] type). Names compare
+    /// exactly, as [`Rows::column`] does; the first column of that name wins.
+    ///
+    /// # Errors
+    ///
+    /// [`HandlerError::Reject`], since the same query on the same data would
+    /// fail the same way on every delivery:
+    ///
+    /// - no such column: ``query result has no column `name` (columns: a, b)``;
+    /// - a value that is not a `T` (NULL included, unless `T` is an
+    ///   `Option`): ``column `name`: expected an integer, found text``.
     pub fn get<T: FromValue>(&self, name: &str) -> Result<T, HandlerError> {
         let value = self
             .columns
@@ -116,7 +147,8 @@ impl<'a> Row<'a> {
         T::from_value(value).map_err(|e| HandlerError::reject(format!("column `{name}`: {e}")))
     }
 
-    /// The raw value of column `name`, if there is one.
+    /// The raw value of column `name`, if there is one (the first column of
+    /// that name); `None` when the row has no such column.
     pub fn value(&self, name: &str) -> Option<&'a Value> {
         let i = self.columns.iter().position(|c| c == name)?;
         self.values.get(i)
@@ -124,7 +156,8 @@ impl<'a> Row<'a> {
 }
 
 impl Rows {
-    /// The rows, in order.
+    /// The rows, in the order the query returned them (unordered unless the
+    /// query says `ORDER BY`).
     pub fn iter(&self) -> impl Iterator<Item = Row<'_>> {
         self.rows.iter().map(|values| Row {
             columns: &self.columns,
@@ -138,7 +171,14 @@ impl Rows {
         self.iter().next()
     }
 
-    /// Exactly one row. Errors ([`HandlerError::Reject`]): zero or several.
+    /// Exactly one row: for a query that must find its row, e.g. one that
+    /// the handler inserted earlier in the same message.
+    ///
+    /// # Errors
+    ///
+    /// [`HandlerError::Reject`] when the query returned no row or several
+    /// (`expected exactly one row, the query returned <n>`). For a row that
+    /// may be missing use [`Rows::first`].
     pub fn one(&self) -> Result<Row<'_>, HandlerError> {
         match self.rows.len() {
             1 => self.first().ok_or_else(|| HandlerError::reject("no row")),

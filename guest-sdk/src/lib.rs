@@ -77,6 +77,26 @@
 //! A panic aborts the guest (a trap; its message goes to the host's log first):
 //! the host rolls back and treats it like a retry, dead-lettering the message
 //! once its deliveries run out.
+//!
+//! # The WIT contract
+//!
+//! Every item here maps to one of `wit/handler.wit` (package
+//! `idem:handler@0.1.0`):
+//!
+//! | Rust | WIT |
+//! |------|-----|
+//! | [`Handler::handle`], [`export_handler!`] | the world's export `handle: func(msg: message) -> result<_, handler-error>` |
+//! | [`Message`] | `types.message` |
+//! | [`HandlerError`] | `types.handler-error` |
+//! | [`Value`], [`Rows`] | `types.value`, `types.rows` |
+//! | [`DbError`], [`DbErrorKind`] | `types.db-error`, `types.db-error-kind` |
+//! | [`tx::execute`], [`tx::query`] | `transaction.execute`, `transaction.query` |
+//! | [`log::debug`] .. [`log::error`] and the macros | `log.log` with `level` `debug` .. `error` |
+//!
+//! The component imports only `idem:handler/transaction` and
+//! `idem:handler/log` (and their `types`); it exports only `handle`.
+
+#![deny(missing_docs)]
 
 mod decode;
 mod value;
@@ -103,8 +123,33 @@ pub mod bindings {
 /// Return `Ok(())` to commit, [`HandlerError::Retry`] to roll back and have the
 /// message delivered again later, [`HandlerError::Reject`] to roll back and
 /// dead-letter it. Register the type with [`export_handler!`].
+///
+/// The trait is the WIT world's one export, `handle: func(msg: message) ->
+/// result<_, handler-error>`. It has no `self`: the host instantiates the
+/// component afresh for every message, so nothing in memory survives from
+/// one message to the next; whatever must be remembered goes into the
+/// database through [`tx`].
 pub trait Handler {
     /// Handles one message inside the host's transaction.
+    ///
+    /// Everything [`tx::execute`] and [`tx::query`] change during the call
+    /// commits together with the message's receipt when this returns
+    /// `Ok(())`, and only then is the message acked.
+    ///
+    /// # Errors
+    ///
+    /// Either error rolls back every statement of the call, receipt included:
+    ///
+    /// - [`HandlerError::Retry`]: transient. The host naks the message with
+    ///   the handler's retry delay (`retry_delay` or `backoff`), and
+    ///   dead-letters it on the last delivery `max_deliver` allows.
+    /// - [`HandlerError::Reject`]: permanent. The host stores a dead letter
+    ///   (`rejected: <reason>`) and terms the message; `idem dlq redrive`
+    ///   runs it again once the handler is fixed.
+    ///
+    /// The host keeps at most 4096 bytes of a reason (cut on a char
+    /// boundary). A trap (a panic, the deadline, the memory limit) is
+    /// treated like a retry.
     fn handle(msg: Message) -> Result<(), HandlerError>;
 }
 
@@ -165,6 +210,10 @@ pub mod __private {
 
 /// Builds a `&[Value]` parameter list from anything that converts into [`Value`].
 ///
+/// The values bind to the placeholders `$1..$n` in order (the WIT
+/// `params: list<value>` of [`tx::execute`] and [`tx::query`]). `params![]`
+/// is the empty list.
+///
 /// ```
 /// use idem_guest::{params, Value};
 /// let p: &[Value] = params![73, "evt_8142", 2.5, true, None::<i64>];
@@ -181,18 +230,60 @@ macro_rules! params {
     };
 }
 
-/// SQL on the host's open transaction for the current message.
+/// SQL on the host's open transaction for the current message (the WIT
+/// interface `idem:handler/transaction`).
 ///
 /// Statements use `$1..$n` placeholders on every database. The host checks
 /// each statement before it runs: only single SELECT / INSERT / UPDATE /
 /// DELETE statements on the tables granted to this handler pass; anything else
 /// comes back as a [`DbErrorKind::Denied`] error. A handler also has a budget of
 /// statements per message and of rows per query.
+///
+/// Each statement runs in a savepoint of the host's transaction: a statement
+/// that fails is undone alone and the transaction stays usable, so a handler
+/// may catch an error (say a [`DbErrorKind::UniqueViolation`]) and go on.
+///
+/// The per-message bounds come from the handler's config (defaults in
+/// brackets): `max_statements` statements (1000), `max_rows` rows per query
+/// (10,000), `max_result_kib` KiB of values returned by all queries together
+/// (8192), `max_param_kib` KiB of parameter values per statement (8192), and
+/// 64 KiB of SQL text per statement. A statement still running at the
+/// message's `deadline` is abandoned and the guest trapped: the call never
+/// returns.
 pub mod tx {
+    #[cfg(doc)]
+    use crate::DbErrorKind;
     use crate::bindings::idem::handler::transaction;
     use crate::{DbError, Rows, Value};
 
     /// Runs one INSERT, UPDATE or DELETE and returns the number of rows it affected.
+    ///
+    /// `sql` is one statement with `$1..$n` placeholders; `params` binds to
+    /// them in order (build it with [`params!`](crate::params)). The count is
+    /// what the database reports: rows inserted, updated or deleted (an
+    /// `INSERT .. ON CONFLICT DO NOTHING` that met a conflict counts 0). WIT:
+    /// `transaction.execute: func(sql: string, params: list<value>) ->
+    /// result<u64, db-error>`.
+    ///
+    /// # Errors
+    ///
+    /// A [`DbError`] whose [`kind`](DbError::kind) says why; the statement
+    /// changed nothing:
+    ///
+    /// - [`DbErrorKind::Denied`]: the host refused the statement before it ran
+    ///   (not a single SELECT / INSERT / UPDATE / DELETE, a table not granted,
+    ///   a function or cast not allowed, SQL over 64 KiB or holding a NUL,
+    ///   parameters over `max_param_kib`, the `max_statements` budget spent),
+    ///   or the database denied it;
+    /// - [`DbErrorKind::Syntax`]: the statement does not parse;
+    /// - [`DbErrorKind::UniqueViolation`]: a unique or primary key was violated;
+    /// - [`DbErrorKind::ConstraintViolation`]: another constraint (foreign key,
+    ///   not null, check, exclusion) was violated;
+    /// - [`DbErrorKind::Other`]: anything else (a type mismatch, a statement
+    ///   timeout, a deadlock, a lost connection).
+    ///
+    /// `?` in a [`Handler`](crate::Handler) turns it into a [`HandlerError`](crate::HandlerError):
+    /// `Other` retries, every other kind rejects.
     ///
     /// ```no_run
     /// use idem_guest::{params, tx, DbErrorKind};
@@ -209,6 +300,25 @@ pub mod tx {
 
     /// Runs one SELECT (or a statement with RETURNING) and returns its rows.
     ///
+    /// `sql` and `params` as for [`execute`]. The result holds the column
+    /// names and each row's values in column order ([`Rows`]); read it with
+    /// [`Rows::iter`], [`Rows::first`] or [`Rows::one`] and
+    /// [`Row::get`](crate::Row::get). Values come back by column type on
+    /// PostgreSQL (`int2/4/8` as [`Value::Integer`], `float4/8` as
+    /// [`Value::Float`], `text`, `varchar`, `bpchar`, `name` as
+    /// [`Value::Text`], `bytea` as [`Value::Bytes`], `bool` as
+    /// [`Value::Boolean`]; cast other types in SQL), by storage class on
+    /// SQLite (where booleans are integers 0 and 1). With no row the column
+    /// list is empty. WIT: `transaction.query: func(sql: string, params:
+    /// list<value>) -> result<rows, db-error>`.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`]; also [`DbErrorKind::Other`] (and the statement is
+    /// undone) when the query returns more than `max_rows` rows, when the
+    /// values returned to this message pass `max_result_kib`, or when a
+    /// PostgreSQL column has a type with no [`Value`] (cast it, e.g. `::text`).
+    ///
     /// ```no_run
     /// use idem_guest::{params, tx};
     /// let rows = tx::query("SELECT balance FROM accounts WHERE account_id = $1", params![73])?;
@@ -224,27 +334,39 @@ pub mod tx {
     }
 }
 
-/// Lines for the host's log. The host tags each line with the handler and the
-/// message identity, and caps the bytes one message may log.
+/// Lines for the host's log (the WIT interface `idem:handler/log`). The host
+/// tags each line with the handler and the message identity, and caps the
+/// bytes one message may log.
+///
+/// The cap is the handler's `max_log_kib` (default 64 KiB) per message; each
+/// line costs its bytes plus one. A line over what is left is cut on a char
+/// boundary, later lines are dropped, and the host reports the dropped bytes
+/// once when the message is done. Control characters (a newline too) are
+/// escaped, so one call is one line of the host's log. The host logs at the
+/// line's level under the tracing target `idem::guest`; its default filter
+/// (`info`) hides debug lines. When the guest traps on its own (a panic, an
+/// `unreachable`; not the deadline or the memory limit), the first 512 bytes
+/// of its last error line are added to the trap's reason.
 ///
 /// The macros [`debug!`], [`info!`], [`warn!`] and [`error!`] format their
-/// arguments like `format!`.
+/// arguments like `format!`. Logging never fails.
 pub mod log {
     use crate::bindings::idem::handler::log::{Level, log};
 
-    /// Logs a debug line.
+    /// Logs a debug line (WIT level `debug`).
     pub fn debug(message: &str) {
         log(Level::Debug, message);
     }
-    /// Logs an info line.
+    /// Logs an info line (WIT level `info`).
     pub fn info(message: &str) {
         log(Level::Info, message);
     }
-    /// Logs a warning.
+    /// Logs a warning (WIT level `warn`).
     pub fn warn(message: &str) {
         log(Level::Warn, message);
     }
-    /// Logs an error line.
+    /// Logs an error line (WIT level `error`); a trap of the guest's own that
+    /// follows carries it in its reason.
     pub fn error(message: &str) {
         log(Level::Error, message);
     }

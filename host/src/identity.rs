@@ -10,6 +10,11 @@
 //! so `42` and `"42"` are one message (receipts written with either stay
 //! valid for the other).
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 use crate::config::IdentityRule;
 
 /// Longest identity accepted, in bytes. Longer values are treated as missing

@@ -5,6 +5,8 @@
 //! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary;
 //! [`admin`] holds the operator commands on the database.
 
+#![deny(missing_docs)]
+
 pub mod admin;
 pub mod backoff;
 pub mod broker;

@@ -37,6 +37,12 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// The Rust guests of `tests/guests.txt` as `build.rs` reads them: the
+/// constant `GUESTS` and the macro [`foreach_guest!`].
+pub mod guests {
+    include!(concat!(env!("OUT_DIR"), "/guests.rs"));
+}
+
 /// Path of a built guest component, `<target>/guests/NAME.wasm`.
 pub fn guest(name: &str) -> PathBuf {
     let p = target_dir().join("guests").join(format!("{name}.wasm"));

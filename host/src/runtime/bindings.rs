@@ -2,6 +2,10 @@
 //! conversions between its types and the store's database-neutral ones.
 
 #![allow(unsafe_code, missing_docs, clippy::all)]
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
 
 use crate::store::{
     DbError as StoreDbError, DbErrorKind as StoreDbErrorKind, Rows as StoreRows, SqlValue,

@@ -9,6 +9,11 @@
 //! output streams, which live in the WASI resource table and cannot reach the
 //! store.
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 use super::bindings::Level;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -27,10 +32,11 @@ impl Stream {
         }
     }
 
-    fn index(self) -> usize {
+    /// This stream's element of a per-stream pair (stdout first).
+    fn of<T>(self, [stdout, stderr]: &mut [T; 2]) -> &mut T {
         match self {
-            Stream::Stdout => 0,
-            Stream::Stderr => 1,
+            Stream::Stdout => stdout,
+            Stream::Stderr => stderr,
         }
     }
 }
@@ -154,10 +160,10 @@ impl GuestLog {
         for piece in kept.split_inclusive(|b| *b == b'\n') {
             match piece.split_last() {
                 Some((b'\n', line)) => {
-                    self.pending[stream.index()].bytes.extend_from_slice(line);
+                    stream.of(&mut self.pending).bytes.extend_from_slice(line);
                     self.emit(stream);
                 }
-                _ => self.pending[stream.index()].bytes.extend_from_slice(piece),
+                _ => stream.of(&mut self.pending).bytes.extend_from_slice(piece),
             }
         }
         if dropped.is_empty() {
@@ -165,14 +171,14 @@ impl GuestLog {
         }
         self.dropped_bytes += dropped.len();
         // The budget is spent: what is pending will never grow, log it now.
-        if !self.pending[stream.index()].bytes.is_empty() {
+        if !stream.of(&mut self.pending).bytes.is_empty() {
             self.dropped_lines += 1;
-            self.pending[stream.index()].dropped = true;
+            stream.of(&mut self.pending).dropped = true;
             self.emit(stream);
-            self.pending[stream.index()].dropped = true;
+            stream.of(&mut self.pending).dropped = true;
         }
         for piece in dropped.split_inclusive(|b| *b == b'\n') {
-            let pending = &mut self.pending[stream.index()];
+            let pending = stream.of(&mut self.pending);
             if !pending.dropped {
                 self.dropped_lines += 1;
                 pending.dropped = true;
@@ -185,7 +191,7 @@ impl GuestLog {
 
     /// Logs one stream's pending line and starts a new one.
     fn emit(&mut self, stream: Stream) {
-        let pending = std::mem::take(&mut self.pending[stream.index()]);
+        let pending = std::mem::take(stream.of(&mut self.pending));
         let bytes = pending.bytes.strip_suffix(b"\r").unwrap_or(&pending.bytes);
         let text = String::from_utf8_lossy(bytes);
         let line = one_line(&text);
@@ -238,7 +244,7 @@ impl GuestLog {
     /// per-message cap dropped; returns that count in bytes.
     pub(crate) fn finish(&mut self) -> usize {
         for stream in [Stream::Stdout, Stream::Stderr] {
-            if !self.pending[stream.index()].bytes.is_empty() {
+            if !stream.of(&mut self.pending).bytes.is_empty() {
                 self.emit(stream);
             }
         }
@@ -298,6 +304,7 @@ fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::indexing_slicing)]
     use super::*;
 
     fn log(cap: usize) -> GuestLog {

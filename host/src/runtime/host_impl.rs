@@ -3,6 +3,11 @@
 //! WASI) the empty WASI context. One [`HostState`] per message; it owns the
 //! message's transaction while the guest runs.
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 use super::Limits;
 use super::bindings::{DbError, Level, Rows, Value, idem::handler};
 use super::guest_log::LogSink;

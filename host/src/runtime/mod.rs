@@ -180,12 +180,26 @@ pub struct Runtime {
 
 impl Runtime {
     /// A runtime for up to [`DEFAULT_CAPACITY`] guest calls at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::with_capacity`].
     pub fn new() -> anyhow::Result<Self> {
         Self::with_capacity(DEFAULT_CAPACITY)
     }
 
     /// A runtime whose pooling allocator holds `capacity` instances at once.
     /// A call that finds the pool full gets [`HandlerFailure::Retry`].
+    ///
+    /// # Errors
+    ///
+    /// When wasmtime cannot make the engine on this machine (for example
+    /// when the pooling allocator cannot reserve its virtual memory, or
+    /// cranelift does not support the CPU), when the
+    /// `idem:handler` imports or WASI cannot be added to the linkers (a name
+    /// defined twice: a bug, not a condition of the machine), or when the
+    /// thread that advances the epoch cannot be spawned. Nothing is left
+    /// running.
     pub fn with_capacity(capacity: u32) -> anyhow::Result<Self> {
         let capacity = capacity.max(1);
         let mut pool = PoolingAllocationConfig::default();
@@ -230,6 +244,23 @@ impl Runtime {
     /// component of world `idem:handler/handler` that imports nothing the
     /// host does not provide: WASI 0.2 only with [`LoadOptions::wasi`].
     /// Errors are one line that says what is wrong and what to do.
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`], each naming the file:
+    ///
+    /// - [`LoadError::Missing`], [`LoadError::Unreadable`]: the file cannot
+    ///   be read;
+    /// - [`LoadError::NotWasm`]: no `\0asm` header;
+    /// - [`LoadError::CoreModule`]: a core module, not yet a component;
+    /// - [`LoadError::Invalid`]: the component does not validate or compile;
+    /// - [`LoadError::UnknownImport`]: an import the host never provides
+    ///   (one outside `idem:handler` and WASI 0.2);
+    /// - [`LoadError::WasiNotEnabled`]: WASI 0.2 imports without
+    ///   [`LoadOptions::wasi`];
+    /// - [`LoadError::ImportMismatch`]: `idem:handler` imports of another
+    ///   shape (another version of `wit/handler.wit`);
+    /// - [`LoadError::BadExport`]: no `handle` export of the world's type.
     pub fn load(
         &self,
         path: &Path,
@@ -242,6 +273,19 @@ impl Runtime {
     /// guest's transaction, and hands the transaction back: commit or roll it
     /// back according to the result. Never panics and never fails the host:
     /// whatever the guest does becomes a [`HandlerFailure`].
+    ///
+    /// # Errors
+    ///
+    /// The first element of the pair (the transaction comes back either way):
+    ///
+    /// - [`HandlerFailure::Retry`]: the guest returned `retry` (its reason cut
+    ///   to [`MAX_REASON_BYTES`]), the instance pool was full (`host at
+    ///   capacity`), or `tx`'s connection could not be prepared for the guest;
+    /// - [`HandlerFailure::Reject`]: the guest returned `reject` (its reason
+    ///   cut to [`MAX_REASON_BYTES`]);
+    /// - [`HandlerFailure::Trap`]: the guest trapped, exited through
+    ///   `wasi:cli/exit`, passed its deadline or memory limit, or could not be
+    ///   instantiated, or `component` was loaded by another `Runtime`.
     pub async fn handle(
         &self,
         component: &HandlerComponent,

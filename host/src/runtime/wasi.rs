@@ -24,6 +24,11 @@
 //! The context is built on the first WASI call of a message (a guest that
 //! never calls WASI costs nothing) and dropped with the message's store.
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 #[cfg(doc)]
 use super::Limits;
 use super::guest_log::{LogSink, Stream};
@@ -87,6 +92,11 @@ pub(crate) fn is_linked(import: &str) -> bool {
 }
 
 /// Adds WASI preview 2 (async) to `linker`.
+///
+/// # Errors
+///
+/// When `linker` already defines one of the WASI interfaces (and does not
+/// allow shadowing).
 pub(crate) fn add_to_linker<T: WasiView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)
 }

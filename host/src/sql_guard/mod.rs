@@ -19,6 +19,11 @@
 //! Verdicts are cached per handler by exact text, bounded by
 //! [`CACHE_ENTRIES`] entries and [`CACHE_BYTES`] bytes.
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 mod postgres;
 mod sqlite;
 

@@ -27,6 +27,11 @@
 //! judge returns every such field name ([`Judged::fields`]) and the guard
 //! asks the catalog (see `SqlGuard::check`).
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 use super::ALLOWED_FUNCTIONS;
 use crate::sql_value::{DbError, DbErrorKind};
 use pg_query::protobuf::{AExprKind, Token};

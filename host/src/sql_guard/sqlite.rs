@@ -20,6 +20,11 @@
 //! run outside it. A statement must also have asked to read or write at least
 //! once (every SELECT, INSERT, UPDATE and DELETE does).
 
+// Guest- and message-supplied bytes are read with `get`, iterators and
+// checked splits, never indexed or sliced: an offset out of range would
+// panic the host (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
+
 use super::{ALLOWED_FUNCTIONS, MAX_PLACEHOLDER, function_not_allowed, not_dml, not_granted};
 use crate::sql_value::{DbError, DbErrorKind};
 use crate::store::Tx;
