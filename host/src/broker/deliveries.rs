@@ -27,7 +27,7 @@ pub struct ConsumerLost(pub String);
 
 /// An endless source of deliveries for one consumer. Errors from the
 /// underlying pull stream are logged and survived; a consumer or stream
-/// deleted on the broker is created again ([`ensure_consumer`]); only
+/// deleted on the broker is created again ([`super::ensure_consumer`]); only
 /// shutdown, or a consumer that cannot be created again, ends it.
 pub struct Deliveries {
     consumer: jetstream::consumer::Consumer<pull::Config>,
@@ -55,7 +55,7 @@ const ACK_FLOOR_REFRESH: Duration = Duration::from_secs(5);
 impl Deliveries {
     /// `batch`: messages requested per pull; keep it small enough that a full
     /// batch is processed well within `ack_wait`. `handler` and
-    /// `max_ack_pending` are what [`ensure_consumer`] made `consumer` from,
+    /// `max_ack_pending` are what [`super::ensure_consumer`] made `consumer` from,
     /// to make it again if it is deleted.
     pub fn new(
         broker: &Broker,
