@@ -264,11 +264,12 @@ impl Which {
 async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let host = Host::start(&config).await?;
-    let (tx, rx) = tokio::sync::watch::channel(false);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let signal = shutdown.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutdown requested; finishing messages in flight");
-        let _ = tx.send(true);
+        signal.cancel();
     });
     let mode = if drain {
         RunMode::Drain
@@ -276,7 +277,7 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
         RunMode::Forever
     };
     let failure = host.failure();
-    for (name, s) in host.run(mode, rx).await {
+    for (name, s) in host.run(mode, shutdown).await {
         println!("handler {name}: {s}");
     }
     match failure.get() {

@@ -12,10 +12,12 @@
 //! answers the held messages run again from BEGIN: the receipt decides
 //! whether an earlier COMMIT whose outcome was unknown had happened.
 
+use crate::backoff;
 use crate::store::{Database, ErrorClass, ProbeFailure, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, watch};
+use tokio_util::sync::CancellationToken;
 
 /// First wait between two probes of an unreachable database.
 const PROBE_FIRST: Duration = Duration::from_millis(100);
@@ -46,13 +48,13 @@ pub struct DbGate {
     up: watch::Sender<bool>,
     /// Only one task probes at a time; the others wait for its verdict.
     prober: Mutex<()>,
-    /// Turns true at shutdown: a wait for the database gives up.
-    stop: watch::Receiver<bool>,
+    /// Cancelled at shutdown: a wait for the database gives up.
+    stop: CancellationToken,
 }
 
 impl DbGate {
-    /// A gate for `db`, starting "up". `stop`: the host's shutdown signal.
-    pub fn new(db: Arc<Database>, stop: watch::Receiver<bool>) -> Self {
+    /// A gate for `db`, starting "up". `stop`: the host's stop signal.
+    pub fn new(db: Arc<Database>, stop: CancellationToken) -> Self {
         Self {
             db,
             up: watch::Sender::new(true),
@@ -70,10 +72,9 @@ impl DbGate {
     /// if shutdown was requested first.
     pub async fn ready(&self) -> bool {
         let mut up = self.up.subscribe();
-        let mut stop = self.stop.clone();
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => false,
+            () = self.stop.cancelled() => false,
             r = up.wait_for(|u| *u) => r.is_ok(),
         }
     }
@@ -85,26 +86,25 @@ impl DbGate {
     /// nothing is acked), instead of holding up the exit for the pool's
     /// acquire timeout.
     pub async fn stopped_while_down(&self) {
-        let mut stop = self.stop.clone();
         let mut up = self.up.subscribe();
-        if stop.wait_for(|s| *s).await.is_err() || up.wait_for(|u| !*u).await.is_err() {
+        self.stop.cancelled().await;
+        if up.wait_for(|u| !*u).await.is_err() {
             std::future::pending::<()>().await;
         }
     }
 
     /// Sleeps `d`; `false` (at once) if shutdown is requested meanwhile.
     pub async fn pause(&self, d: Duration) -> bool {
-        let mut stop = self.stop.clone();
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => false,
-            _ = tokio::time::sleep(d) => true,
+            () = self.stop.cancelled() => false,
+            () = tokio::time::sleep(d) => true,
         }
     }
 
     /// Called by a handler whose `step` failed with an unavailable-class
     /// `error`: marks the database down (logging the change once), probes
-    /// it with backoff (100 ms doubling to 5 s) until it answers, marks it up
+    /// it with backoff (100 ms doubling to 5 s, with jitter: [`backoff::doubling`]) until it answers, marks it up
     /// (logging once) and returns `true`. Returns `false` if shutdown was
     /// requested while waiting.
     pub async fn wait_until_up(&self, handler: &str, step: &str, error: &str) -> bool {
@@ -112,24 +112,20 @@ impl DbGate {
         if went_down {
             tracing::error!(%handler, %step, %error, "database unavailable; every handler paused, nothing is acked or fetched until it answers");
         }
-        let mut wait = PROBE_FIRST;
-        let mut stop = self.stop.clone();
+        let mut waits = backoff::doubling(PROBE_FIRST, PROBE_MAX);
         loop {
             // Both the turn to probe and the probe itself give way to shutdown.
             let verdict = tokio::select! {
                 biased;
-                _ = stop.wait_for(|s| *s) => return false,
+                () = self.stop.cancelled() => return false,
                 v = self.probe_once() => v,
             };
             if verdict {
                 return true;
             }
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|s| *s) => return false,
-                _ = tokio::time::sleep(wait) => {}
+            if !self.pause(waits.next().unwrap_or(PROBE_MAX)).await {
+                return false;
             }
-            wait = (wait * 2).min(PROBE_MAX);
         }
     }
 

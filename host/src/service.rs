@@ -16,7 +16,7 @@ use crate::store::{Database, PrunePass};
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// A host ready to run: every handler's consumer exists and its component is loaded.
 pub struct Host {
@@ -24,9 +24,9 @@ pub struct Host {
     db: Arc<Database>,
     gate: Arc<DbGate>,
     nats: broker::Broker,
-    /// Turned true when [`Host::run`] stops: ends the consumers and any wait
+    /// Cancelled when [`Host::run`] stops: ends the consumers and any wait
     /// for the database.
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     /// Why the host stopped by itself (a handler's consumer lost for good),
     /// set at most once; see [`Host::failure`].
     failure: Arc<std::sync::OnceLock<String>>,
@@ -119,8 +119,8 @@ impl Host {
                 })?;
             }
         }
-        let stop = watch::Sender::new(false);
-        let gate = Arc::new(DbGate::new(db.clone(), stop.subscribe()));
+        let stop = CancellationToken::new();
+        let gate = Arc::new(DbGate::new(db.clone(), stop.clone()));
         let nats = broker::connect(&config.broker.url).await?;
         let js = &nats.js;
         let mut handlers = Vec::new();
@@ -184,11 +184,11 @@ impl Host {
             .collect()
     }
 
-    /// Runs until `shutdown` turns true (or drained, in [`RunMode::Drain`]).
-    /// A message in flight at shutdown finishes its protocol step first.
-    pub async fn run(self, mode: RunMode, mut shutdown: watch::Receiver<bool>) -> Summary {
-        let stop_tx = self.stop.clone();
-        let stop_rx = stop_tx.subscribe();
+    /// Runs until `shutdown` is cancelled (or drained, in
+    /// [`RunMode::Drain`]). A message in flight at shutdown finishes its
+    /// protocol step first.
+    pub async fn run(self, mode: RunMode, shutdown: CancellationToken) -> Summary {
+        let stop = self.stop.clone();
         let mut tasks = Vec::new();
         for h in &self.handlers {
             tasks.push(tokio::spawn(consume(
@@ -202,9 +202,9 @@ impl Host {
                     MAX_ACK_PENDING,
                 ),
                 self.gate.clone(),
-                stop_rx.clone(),
+                stop.clone(),
                 Lost {
-                    stop: stop_tx.clone(),
+                    stop: stop.clone(),
                     failure: self.failure.clone(),
                 },
             )));
@@ -239,25 +239,24 @@ impl Host {
                 }
             })
         };
-        let mut stopped = stop_tx.subscribe();
         match mode {
             RunMode::Forever => {
                 tokio::select! {
-                    _ = shutdown.wait_for(|s| *s) => {}
-                    _ = stopped.wait_for(|s| *s) => {}
+                    () = shutdown.cancelled() => {}
+                    () = stop.cancelled() => {}
                 }
             }
             RunMode::Drain => {
                 let mut consumers: Vec<_> =
                     self.handlers.iter().map(|h| h.consumer.clone()).collect();
                 tokio::select! {
-                    _ = shutdown.wait_for(|s| *s) => {}
-                    _ = stopped.wait_for(|s| *s) => {}
-                    _ = wait_drained(&mut consumers) => {}
+                    () = shutdown.cancelled() => {}
+                    () = stop.cancelled() => {}
+                    () = wait_drained(&mut consumers) => {}
                 }
             }
         }
-        let _ = stop_tx.send(true);
+        stop.cancel();
         for t in tasks {
             let _ = t.await;
         }
@@ -278,7 +277,7 @@ async fn consume(
     pipeline: Arc<Pipeline>,
     mut deliveries: Deliveries,
     gate: Arc<DbGate>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     lost: Lost,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(
@@ -288,7 +287,7 @@ async fn consume(
     loop {
         let slot = tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => break,
+            () = stop.cancelled() => break,
             slot = slots.clone().acquire_owned() => slot,
         };
         let Ok(slot) = slot else { break };
@@ -300,7 +299,7 @@ async fn consume(
         }
         let msg = tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => break,
+            () = stop.cancelled() => break,
             m = deliveries.next() => m,
         };
         let msg = match msg {
@@ -308,7 +307,7 @@ async fn consume(
             Err(e) => {
                 tracing::error!(handler = %pipeline.name(), error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
                 let _ = lost.failure.set(e.0);
-                let _ = lost.stop.send(true);
+                lost.stop.cancel();
                 break;
             }
         };
@@ -351,7 +350,7 @@ async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stor
 /// How a handler's consuming loop stops the whole host when its consumer is
 /// lost for good ([`broker::ConsumerLost`]).
 struct Lost {
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     failure: Arc<std::sync::OnceLock<String>>,
 }
 

@@ -75,7 +75,7 @@ fn capture_host_logs() {
 }
 
 pub struct RunningHost {
-    stop: tokio::sync::watch::Sender<bool>,
+    stop: tokio_util::sync::CancellationToken,
     task: Option<tokio::task::JoinHandle<Summary>>,
     stats: Vec<(Arc<str>, Arc<HandlerStats>)>,
 }
@@ -86,8 +86,8 @@ impl RunningHost {
         let config = Config::load(config).unwrap();
         let host = Host::start(&config).await.unwrap();
         let stats = host.stats();
-        let (stop, rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(host.run(RunMode::Forever, rx));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(host.run(RunMode::Forever, stop.clone()));
         RunningHost {
             stop,
             task: Some(task),
@@ -137,13 +137,13 @@ impl RunningHost {
     }
 
     pub async fn stop(mut self) -> Summary {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         self.task.take().unwrap().await.unwrap()
     }
 }
 
 impl Drop for RunningHost {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
     }
 }
