@@ -489,13 +489,13 @@ impl Bench<'_> {
             Worker::Guest(module) => {
                 let call = Invocation {
                     handler: Arc::from(consumer),
-                    identity: m.id.clone(),
+                    message_id: m.id.clone(),
                     guard: self.guard.clone(),
                     limits: self.limits.clone(),
                     stats: Arc::default(),
                 };
                 let msg = GuestMessage {
-                    identity: m.id,
+                    message_id: m.id,
                     subject: "accounts.credit".into(),
                     headers: Vec::new(),
                     payload: m.payload,

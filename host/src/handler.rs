@@ -142,7 +142,7 @@ impl PreparedHandler {
 
     /// The transaction step (module docs) for `msg` in `tx`: receipt, then
     /// `admit` (`Some(reason)` refuses the message before any guest code),
-    /// role, guest, COMMIT. The receipt is `(name, msg.identity)` with the
+    /// role, guest, COMMIT. The receipt is `(name, msg.message_id)` with the
     /// message's stream sequence and publish time and the component's digest.
     ///
     /// # Errors
@@ -157,7 +157,7 @@ impl PreparedHandler {
     ) -> Result<Applied, StepFailed> {
         let receipt = Receipt {
             consumer: &self.name,
-            message_id: &msg.identity,
+            message_id: &msg.message_id,
             stream_sequence: msg.stream_sequence,
             module_digest: self.component.digest(),
             published_ms: msg.published_ms,
@@ -198,7 +198,7 @@ impl PreparedHandler {
     async fn run_guest(&self, tx: Tx, msg: GuestMessage) -> Result<Tx, (HandlerFailure, Rollback)> {
         let call = Invocation {
             handler: self.name.clone(),
-            identity: msg.identity.clone(),
+            message_id: msg.message_id.clone(),
             guard: self.guard.clone(),
             limits: self.limits.clone(),
             stats: self.stats.clone(),

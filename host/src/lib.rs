@@ -17,7 +17,7 @@ pub mod config;
 pub mod db_gate;
 pub mod fault;
 pub mod handler;
-pub mod identity;
+pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
 pub mod publish;

@@ -221,14 +221,14 @@ impl Pipeline {
     /// then the counters. `Err` only when the database could not be used:
     /// nothing was acked, naked or termed, so the caller may run it again.
     async fn run_once(&self, d: &Delivery<'_>) -> Result<Outcome, Unavailable> {
-        let (identity, attempt) = self.attempt(d).await?;
+        let (message_id, attempt) = self.attempt(d).await?;
         let count = DeliveryCount {
             delivered: d.delivered,
             max_deliver: self.config.max_deliver,
         };
         let verdict = verdict::decide(&attempt, count, self.config.nak_delay(d.delivered));
         let outcome = self
-            .settle(d, identity.as_deref(), &attempt, verdict)
+            .settle(d, message_id.as_deref(), &attempt, verdict)
             .await?;
         self.count(&attempt, &outcome);
         Ok(outcome)
@@ -249,34 +249,38 @@ impl Pipeline {
         HandlerStats::incr(counter);
     }
 
-    /// The transaction step for one delivery: identity, BEGIN, receipt,
+    /// The transaction step for one delivery: message_id, BEGIN, receipt,
     /// horizon, role, guest, COMMIT or ROLLBACK. Returns the message id (if
     /// it has one) and how the attempt ended; `Err` when the database could
     /// not be used (nothing committed).
     async fn attempt(&self, d: &Delivery<'_>) -> Result<(Option<String>, Attempt), Unavailable> {
-        let identity = match crate::identity::extract(
+        let message_id = match crate::message_id::extract(
             &self.config.identity,
             d.msg.headers.as_ref(),
             &d.msg.payload,
         ) {
             Ok(id) => id,
-            Err(reason) => return Ok((None, Attempt::NoIdentity(reason))),
+            Err(reason) => return Ok((None, Attempt::NoMessageId(reason))),
         };
-        tracing::Span::current().record("message_id", identity.as_str());
-        let attempt = self.transaction(d, &identity).await?;
-        Ok((Some(identity), attempt))
+        tracing::Span::current().record("message_id", message_id.as_str());
+        let attempt = self.transaction(d, &message_id).await?;
+        Ok((Some(message_id), attempt))
     }
 
     /// BEGIN, then the handler's transaction step
     /// ([`PreparedHandler::apply`]) with the horizon as its admission check,
     /// and how it ended as an [`Attempt`].
-    async fn transaction(&self, d: &Delivery<'_>, identity: &str) -> Result<Attempt, Unavailable> {
+    async fn transaction(
+        &self,
+        d: &Delivery<'_>,
+        message_id: &str,
+    ) -> Result<Attempt, Unavailable> {
         let tx = match self.handler.begin(&self.db).await {
             Ok(tx) => tx,
             Err(e) => return store_failed("BEGIN", e),
         };
         let msg = GuestMessage {
-            identity: identity.to_owned(),
+            message_id: message_id.to_owned(),
             subject: d.subject.clone(),
             headers: d.headers.clone(),
             payload: d.msg.payload.to_vec(),
@@ -324,7 +328,7 @@ impl Pipeline {
     async fn settle(
         &self,
         d: &Delivery<'_>,
-        identity: Option<&str>,
+        message_id: Option<&str>,
         attempt: &Attempt,
         verdict: Verdict,
     ) -> Result<Outcome, Unavailable> {
@@ -352,9 +356,9 @@ impl Pipeline {
             }
             Verdict::DeadLetter {
                 reason,
-                without_identity,
+                without_message_id,
             } => {
-                let message_id = if without_identity { None } else { identity };
+                let message_id = if without_message_id { None } else { message_id };
                 self.dead_letter(d, message_id, &reason).await
             }
         }

@@ -3,7 +3,7 @@
 //! by the stream's publish ack before the command reports success.
 
 use crate::config::IdentityRule;
-use crate::identity;
+use crate::message_id;
 use anyhow::Context as _;
 use std::collections::VecDeque;
 use std::io::BufRead;
@@ -34,7 +34,7 @@ pub async fn publish_file(
         }
         let mut headers = async_nats::HeaderMap::new();
         if let Some(rule) = msg_id {
-            let id = identity::extract(rule, None, line.as_bytes())
+            let id = message_id::extract(rule, None, line.as_bytes())
                 .map_err(|e| anyhow::anyhow!("{}:{}: {e}", file.display(), lineno + 1))?;
             headers.insert("Nats-Msg-Id", id.as_str());
         }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! Attempt                                   Verdict
-//! no identity / beyond the horizon       →  dead letter
+//! no message_id / beyond the horizon       →  dead letter
 //! duplicate (receipt exists)             →  ack (duplicate)
 //! committed                              →  ack (processed)
 //! guest rejected                         →  dead letter
@@ -22,8 +22,8 @@ use std::time::Duration;
 /// the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
-    /// The message has no identity under the handler's rule; why.
-    NoIdentity(String),
+    /// The message has no message_id under the handler's rule; why.
+    NoMessageId(String),
     /// The receipt already existed: the effect is there, nothing was run.
     Duplicate,
     /// No receipt, published longer ago than the retention window (the
@@ -59,12 +59,12 @@ pub enum Verdict {
         delay: Duration,
     },
     /// Write a durable dead letter (with the message id unless
-    /// `without_identity`), then term.
+    /// `without_message_id`), then term.
     DeadLetter {
         /// The reason stored with the dead letter.
         reason: String,
         /// The message had no usable message id: store it without one.
-        without_identity: bool,
+        without_message_id: bool,
     },
 }
 
@@ -83,7 +83,7 @@ pub struct DeliveryCount {
 pub fn decide(attempt: &Attempt, count: DeliveryCount, delay: Duration) -> Verdict {
     let dead_letter = |reason: String| Verdict::DeadLetter {
         reason,
-        without_identity: false,
+        without_message_id: false,
     };
     let retry = |reason: String| {
         if count.delivered >= u64::from(count.max_deliver) {
@@ -97,9 +97,9 @@ pub fn decide(attempt: &Attempt, count: DeliveryCount, delay: Duration) -> Verdi
         }
     };
     match attempt {
-        Attempt::NoIdentity(reason) => Verdict::DeadLetter {
+        Attempt::NoMessageId(reason) => Verdict::DeadLetter {
             reason: reason.clone(),
-            without_identity: true,
+            without_message_id: true,
         },
         Attempt::Duplicate => Verdict::Duplicate,
         Attempt::BeyondHorizon(reason) => dead_letter(reason.clone()),
@@ -126,7 +126,7 @@ mod tests {
     fn dead(reason: &str) -> Verdict {
         Verdict::DeadLetter {
             reason: reason.into(),
-            without_identity: false,
+            without_message_id: false,
         }
     }
 
@@ -150,11 +150,11 @@ mod tests {
             (Attempt::Duplicate, on(1, 5), Verdict::Duplicate),
             (Attempt::Duplicate, on(9, 5), Verdict::Duplicate),
             (
-                Attempt::NoIdentity("no header Nats-Msg-Id".into()),
+                Attempt::NoMessageId("no header Nats-Msg-Id".into()),
                 on(1, 5),
                 Verdict::DeadLetter {
                     reason: "no header Nats-Msg-Id".into(),
-                    without_identity: true,
+                    without_message_id: true,
                 },
             ),
             (

@@ -55,7 +55,7 @@ async fn db() -> Db {
 fn invocation(limits: Limits) -> Invocation {
     Invocation {
         handler: Arc::from("behave"),
-        identity: "evt-1".into(),
+        message_id: "evt-1".into(),
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
         stats: Arc::default(),
@@ -64,7 +64,7 @@ fn invocation(limits: Limits) -> Invocation {
 
 fn message(payload: serde_json::Value, delivery_count: u64) -> GuestMessage {
     GuestMessage {
-        identity: "evt-1".into(),
+        message_id: "evt-1".into(),
         subject: "test.behave".into(),
         headers: vec![("Nats-Msg-Id".into(), "evt-1".into())],
         payload: payload.to_string().into_bytes(),

@@ -1,7 +1,7 @@
 //! The WASI opt-in (`wasi = true`): a guest built for wasm32-wasip2 runs in an
 //! empty WASI context against a real SQLite file: no environment, arguments,
 //! files, stdin or network; stdout/stderr go to the guest log under the
-//! per-message cap, tagged with the handler and message identity.
+//! per-message cap, tagged with the handler and message id.
 //!
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -60,19 +60,19 @@ impl Db {
     }
 }
 
-fn invocation(handler: &str, identity: &str, limits: Limits) -> Invocation {
+fn invocation(handler: &str, message_id: &str, limits: Limits) -> Invocation {
     Invocation {
         handler: Arc::from(handler),
-        identity: identity.into(),
+        message_id: message_id.into(),
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
         stats: Arc::default(),
     }
 }
 
-fn message(identity: &str, payload: &Json) -> GuestMessage {
+fn message(message_id: &str, payload: &Json) -> GuestMessage {
     GuestMessage {
-        identity: identity.into(),
+        message_id: message_id.into(),
         subject: "accounts.credit".into(),
         headers: vec![],
         payload: payload.to_string().into_bytes(),
@@ -94,7 +94,7 @@ async fn process(
     let mut tx = db.db.begin().await.unwrap();
     let receipt = Receipt {
         consumer: &call.handler,
-        message_id: &call.identity,
+        message_id: &call.message_id,
         stream_sequence: 1,
         module_digest: module.digest(),
         published_ms: 1_700_000_000_000,
@@ -104,7 +104,7 @@ async fn process(
         return None;
     }
     let (result, tx) = RUNTIME
-        .handle(module, call, tx, message(&call.identity, payload))
+        .handle(module, call, tx, message(&call.message_id, payload))
         .await;
     if result.is_ok() {
         tx.commit().await.unwrap();
@@ -256,9 +256,9 @@ async fn stdout_and_stderr_reach_the_guest_log_tagged() {
     assert_eq!(
         lines(&buf),
         [
-            r#" INFO idem::guest: via log handler="wasi-probe" identity="evt-1" truncated=false"#,
-            r#" INFO idem::guest: hello from stdout handler="wasi-probe" identity="evt-1" stream="stdout" truncated=false"#,
-            r#" WARN idem::guest: hello from stderr handler="wasi-probe" identity="evt-1" stream="stderr" truncated=false"#,
+            r#" INFO idem::guest: via log handler="wasi-probe" message_id="evt-1" truncated=false"#,
+            r#" INFO idem::guest: hello from stdout handler="wasi-probe" message_id="evt-1" stream="stdout" truncated=false"#,
+            r#" WARN idem::guest: hello from stderr handler="wasi-probe" message_id="evt-1" stream="stderr" truncated=false"#,
         ]
     );
 }
@@ -283,7 +283,7 @@ async fn stdout_shares_the_log_cap_and_drops_are_counted() {
     )
     .await;
     assert_eq!(r, Ok(()));
-    let tags = r#"handler="wasi-probe" identity="evt-1""#;
+    let tags = r#"handler="wasi-probe" message_id="evt-1""#;
     assert_eq!(
         lines(&buf),
         [
@@ -292,7 +292,7 @@ async fn stdout_shares_the_log_cap_and_drops_are_counted() {
             format!(" INFO idem::guest: {x} {tags} stream=\"stdout\" truncated=false"),
             format!(" INFO idem::guest: xxxxxxx {tags} stream=\"stdout\" truncated=true"),
             " WARN idem::guest: guest log output over the per-message cap was dropped \
-             handler=wasi-probe identity=evt-1 dropped_bytes=116 dropped_lines=3 cap_bytes=100"
+             handler=wasi-probe message_id=evt-1 dropped_bytes=116 dropped_lines=3 cap_bytes=100"
                 .to_string(),
         ]
     );

@@ -69,19 +69,19 @@ impl Redriver {
     }
 
     /// Redrives dead letter `id` in one transaction (see the module docs).
-    /// `identity` is its message id, read before: a row without one is
+    /// `message_id` is its message id, read before: a row without one is
     /// never passed here.
     ///
     /// # Errors
     /// A database step before COMMIT failed (rolled back; a failed COMMIT
     /// is [`Redriven::CommitUnknown`]).
-    pub async fn redrive(&self, id: i64, identity: &str) -> Result<Redriven, StoreError> {
+    pub async fn redrive(&self, id: i64, message_id: &str) -> Result<Redriven, StoreError> {
         let mut tx = self.handler.begin(&self.db).await?;
         let Some(row) = tx.take_dead_letter(id).await? else {
             tx.rollback().await?;
             return Ok(Redriven::Gone);
         };
-        if row.consumer != **self.handler.name() || row.message_id.as_deref() != Some(identity) {
+        if row.consumer != **self.handler.name() || row.message_id.as_deref() != Some(message_id) {
             // Not the row that was read (ids are never reused; this is a guard).
             tx.rollback().await?;
             return Ok(Redriven::Gone);
@@ -120,7 +120,7 @@ fn published_ms(row: &DeadLetterRow) -> i64 {
 fn message(row: DeadLetterRow) -> GuestMessage {
     let published_ms = published_ms(&row);
     GuestMessage {
-        identity: row.message_id.unwrap_or_default(),
+        message_id: row.message_id.unwrap_or_default(),
         subject: row.subject,
         headers: row.headers,
         payload: row.payload,
@@ -141,7 +141,7 @@ fn describe(row: &DeadLetterRow) -> String {
 }
 
 /// Why a dead letter without a message id is not redriven.
-fn no_identity(row: &DeadLetterRow) -> String {
+fn no_message_id(row: &DeadLetterRow) -> String {
     format!(
         "{} has no message id ({}), so a redrive cannot be proven new; drop it with `idem dlq drop {}`, or republish the message with an id",
         describe(row),
@@ -218,8 +218,8 @@ async fn one_on(
         .dead_letter_by_id(id)
         .await?
         .ok_or_else(|| super::dlq::no_such(id))?;
-    let Some(identity) = row.message_id.clone() else {
-        anyhow::bail!(no_identity(&row));
+    let Some(message_id) = row.message_id.clone() else {
+        anyhow::bail!(no_message_id(&row));
     };
     let handler = config
         .handlers
@@ -235,7 +235,7 @@ async fn one_on(
         })?;
     let redriver = Redriver::new(handler, db.clone()).await?;
     warn_if_beyond_horizon(&row);
-    let outcome = redriver.redrive(id, &identity).await;
+    let outcome = redriver.redrive(id, &message_id).await;
     let (line, ok) = outcome_line(&row, &outcome);
     if ok {
         println!("{line}");
@@ -271,13 +271,13 @@ async fn all_on(
     let redriver = Redriver::new(handler, db.clone()).await?;
     let (mut processed, mut already, mut failed, mut skipped) = (0u64, 0u64, 0u64, 0u64);
     for row in &rows {
-        let Some(identity) = &row.message_id else {
-            println!("{}", no_identity(row));
+        let Some(message_id) = &row.message_id else {
+            println!("{}", no_message_id(row));
             skipped += 1;
             continue;
         };
         warn_if_beyond_horizon(row);
-        let outcome = redriver.redrive(row.id, identity).await;
+        let outcome = redriver.redrive(row.id, message_id).await;
         match outcome {
             Ok(Redriven::Processed) => processed += 1,
             Ok(Redriven::AlreadyProcessed) => already += 1,

@@ -1,7 +1,7 @@
 //! The guest's log for one message: lines from the `log` interface and, for a
 //! handler with WASI, bytes written to stdout and stderr, all under one
 //! per-message byte cap ([`Limits::max_log_bytes`](super::Limits)), tagged
-//! with the handler and the message identity (tracing target `idem::guest`).
+//! with the handler and the message id (tracing target `idem::guest`).
 //! Output over the cap is dropped and counted, and reported once when the
 //! message is done ([`GuestLog::finish`]).
 //!
@@ -46,8 +46,10 @@ impl Stream {
 pub(crate) struct LogSink(Arc<Mutex<GuestLog>>);
 
 impl LogSink {
-    pub(crate) fn new(handler: Arc<str>, identity: String, cap: usize) -> Self {
-        Self(Arc::new(Mutex::new(GuestLog::new(handler, identity, cap))))
+    pub(crate) fn new(handler: Arc<str>, message_id: String, cap: usize) -> Self {
+        Self(Arc::new(Mutex::new(GuestLog::new(
+            handler, message_id, cap,
+        ))))
     }
 
     /// The log, locked. A panic while it was held elsewhere cannot leave
@@ -78,7 +80,7 @@ enum LastError {
 /// lines of stdout and stderr.
 pub(crate) struct GuestLog {
     handler: Arc<str>,
-    identity: String,
+    message_id: String,
     cap: usize,
     used: usize,
     dropped_bytes: usize,
@@ -94,10 +96,10 @@ pub(crate) struct GuestLog {
 const MAX_REMEMBERED_ERROR_BYTES: usize = 512;
 
 impl GuestLog {
-    fn new(handler: Arc<str>, identity: String, cap: usize) -> Self {
+    fn new(handler: Arc<str>, message_id: String, cap: usize) -> Self {
         Self {
             handler,
-            identity,
+            message_id,
             cap,
             used: 0,
             dropped_bytes: 0,
@@ -127,20 +129,20 @@ impl GuestLog {
             }
         }
         let line = one_line(line);
-        let (handler, identity) = (&*self.handler, self.identity.as_str());
+        let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let truncated = dropped > 0;
         match level {
             Level::Debug => {
-                tracing::debug!(target: "idem::guest", handler, identity, truncated, "{line}")
+                tracing::debug!(target: "idem::guest", handler, message_id, truncated, "{line}")
             }
             Level::Info => {
-                tracing::info!(target: "idem::guest", handler, identity, truncated, "{line}")
+                tracing::info!(target: "idem::guest", handler, message_id, truncated, "{line}")
             }
             Level::Warn => {
-                tracing::warn!(target: "idem::guest", handler, identity, truncated, "{line}")
+                tracing::warn!(target: "idem::guest", handler, message_id, truncated, "{line}")
             }
             Level::Error => {
-                tracing::error!(target: "idem::guest", handler, identity, truncated, "{line}")
+                tracing::error!(target: "idem::guest", handler, message_id, truncated, "{line}")
             }
         }
     }
@@ -195,14 +197,14 @@ impl GuestLog {
         let bytes = pending.bytes.strip_suffix(b"\r").unwrap_or(&pending.bytes);
         let text = String::from_utf8_lossy(bytes);
         let line = one_line(&text);
-        let (handler, identity) = (&*self.handler, self.identity.as_str());
+        let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let (name, truncated) = (stream.name(), pending.dropped);
         match stream {
             Stream::Stdout => {
-                tracing::info!(target: "idem::guest", handler, identity, stream = name, truncated, "{line}")
+                tracing::info!(target: "idem::guest", handler, message_id, stream = name, truncated, "{line}")
             }
             Stream::Stderr => {
-                tracing::warn!(target: "idem::guest", handler, identity, stream = name, truncated, "{line}")
+                tracing::warn!(target: "idem::guest", handler, message_id, stream = name, truncated, "{line}")
             }
         }
     }
@@ -252,7 +254,7 @@ impl GuestLog {
             tracing::warn!(
                 target: "idem::guest",
                 handler = %self.handler,
-                identity = %self.identity,
+                message_id = %self.message_id,
                 dropped_bytes = self.dropped_bytes,
                 dropped_lines = self.dropped_lines,
                 cap_bytes = self.cap,

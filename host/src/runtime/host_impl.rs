@@ -49,12 +49,12 @@ impl HostState {
     pub(crate) fn new(
         tx: Tx,
         handler: Arc<str>,
-        identity: String,
+        message_id: String,
         guard: Arc<SqlGuard>,
         limits: Limits,
         deadline: Instant,
     ) -> Self {
-        let log = LogSink::new(handler, identity, limits.max_log_bytes);
+        let log = LogSink::new(handler, message_id, limits.max_log_bytes);
         Self {
             tx,
             guard,

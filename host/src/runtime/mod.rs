@@ -104,14 +104,14 @@ impl Default for Limits {
     }
 }
 
-/// Who is calling, for one message: the handler, the message identity (for
+/// Who is calling, for one message: the handler, the message id (for
 /// log tags), the handler's SQL guard, and its limits.
 #[derive(Clone)]
 pub struct Invocation {
     /// The handler name (= durable consumer name).
     pub handler: Arc<str>,
-    /// The message identity, used to tag the guest's log lines.
-    pub identity: String,
+    /// The message id, used to tag the guest's log lines.
+    pub message_id: String,
     /// Checks every statement against the handler's granted tables.
     pub guard: Arc<SqlGuard>,
     /// What the call may use.
@@ -124,8 +124,8 @@ pub struct Invocation {
 /// The message as the guest sees it (the WIT `message` record).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestMessage {
-    /// The identity the receipt is keyed on.
-    pub identity: String,
+    /// The message id the receipt is keyed on (the WIT record's `identity`).
+    pub message_id: String,
     /// The NATS subject.
     pub subject: String,
     /// Headers in delivery order; a header with several values appears several times.
@@ -312,7 +312,7 @@ impl Runtime {
         let state = HostState::new(
             tx,
             call.handler.clone(),
-            call.identity.clone(),
+            call.message_id.clone(),
             call.guard.clone(),
             limits.clone(),
             deadline,
@@ -330,7 +330,7 @@ impl Runtime {
         });
 
         let msg = bindings::idem::handler::types::Message {
-            identity: msg.identity,
+            identity: msg.message_id,
             subject: msg.subject,
             headers: msg.headers,
             payload: msg.payload,
@@ -380,7 +380,7 @@ impl Runtime {
             std::sync::atomic::Ordering::Relaxed,
         );
         if let Err(failure) = &result {
-            tracing::debug!(handler = %call.handler, identity = %call.identity, %failure, "guest call failed");
+            tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
         }
         (result, state.tx)
     }

@@ -11,7 +11,7 @@
 //! - **stdin**: closed (a read sees end of stream at once);
 //! - **stdout / stderr**: the host's guest log, under the per-message cap it
 //!   shares with the `log` interface ([`Limits::max_log_bytes`]), tagged with
-//!   the handler, the message identity and the stream; writes never fail,
+//!   the handler, the message id and the stream; writes never fail,
 //!   bytes over the cap are dropped and counted;
 //! - **clocks**: wasmtime-wasi's defaults, the host's real wall clock and a
 //!   monotonic clock. A guest may sleep on the monotonic clock; the

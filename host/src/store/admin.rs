@@ -12,7 +12,7 @@ use std::time::Duration;
 pub struct ReceiptRow {
     /// The durable consumer (= handler name).
     pub consumer: String,
-    /// The message identity.
+    /// The message id.
     pub message_id: String,
     /// The stream sequence of the delivery whose effect committed.
     pub stream_sequence: u64,

@@ -11,7 +11,7 @@ use super::{Database, StoreError, dispatch};
 pub struct DeadLetter<'a> {
     /// The durable consumer (= handler name).
     pub consumer: &'a str,
-    /// `None` when the message had no identity (that is then the reason).
+    /// `None` when the message had no message_id (that is then the reason).
     pub message_id: Option<&'a str>,
     /// The JetStream stream the message came from.
     pub stream: &'a str,
@@ -41,7 +41,7 @@ pub struct DeadLetterRow {
     pub id: i64,
     /// The durable consumer (= handler name).
     pub consumer: String,
-    /// The message identity, `None` when the message had none.
+    /// The message id, `None` when the message had none.
     pub message_id: Option<String>,
     /// The JetStream stream.
     pub stream: String,

@@ -8,7 +8,7 @@ use super::{Database, StoreError, Tx, dispatch};
 pub struct Receipt<'a> {
     /// The durable consumer (= handler name).
     pub consumer: &'a str,
-    /// The message identity (header or JSON pointer value).
+    /// The message id (header or JSON pointer value).
     pub message_id: &'a str,
     /// The JetStream stream sequence of the delivery being processed.
     pub stream_sequence: u64,
