@@ -64,9 +64,40 @@ pub struct Config {
     /// `[database]` (all defaults when absent).
     #[serde(default)]
     pub database: DatabaseConfig,
+    /// `[service]` (all defaults when absent).
+    #[serde(default)]
+    pub service: ServiceConfig,
     /// Every `[[handler]]`, in file order.
     #[serde(rename = "handler", default)]
     pub handlers: Vec<HandlerConfig>,
+}
+
+/// `[service]`: how the host runs as a service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// Address of the HTTP listener (`/healthz`, `/readyz`, `/metrics`),
+    /// e.g. `127.0.0.1:9464`. No listener when unset (the default).
+    #[serde(default)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// After SIGTERM or SIGINT, how long deliveries in flight may take to
+    /// finish (commit and ack) before what is left is rolled back and the
+    /// host exits. Default 30 s.
+    #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            shutdown_grace: default_shutdown_grace(),
+        }
+    }
+}
+
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// `[broker]`: the NATS server with JetStream enabled.

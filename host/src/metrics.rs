@@ -12,7 +12,7 @@ pub struct HandlerStats {
     pub delivered: AtomicU64,
     /// Effects committed (new receipt + handler writes).
     pub processed: AtomicU64,
-    /// Deliveries whose message_id already had a receipt: rolled back and acked.
+    /// Deliveries whose message id already had a receipt: rolled back and acked.
     pub duplicates: AtomicU64,
     /// Deliveries rolled back and naked for a later delivery (guest retry, trap, store error).
     pub retried: AtomicU64,
