@@ -1,8 +1,9 @@
-//! Command line: `idem run --config idem.toml`, `idem publish`, and the
-//! operator commands `idem dlq …` and `idem receipts …` ([`crate::admin`]).
+//! Command line: `idem run --config idem.toml`, `idem publish`, `idem
+//! config check`, and the operator commands `idem dlq …` and `idem receipts
+//! …` ([`crate::admin`]).
 
 use crate::admin;
-use crate::config::{Config, IdentityRule};
+use crate::config::{Config, ConfigError, IdentityRule};
 use crate::service::{Host, RunMode};
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -11,6 +12,15 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about)]
 pub struct Cli {
+    /// Log lines as `pretty` text or `json` objects, one a line.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: crate::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -53,6 +63,25 @@ pub enum Command {
         /// Which receipts command.
         #[command(subcommand)]
         command: ReceiptsCommand,
+    },
+    /// The configuration: check it (contacts nothing).
+    Config {
+        /// Which config command.
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+/// `idem config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective config (file, then `IDEM_<SECTION>__<KEY>`
+    /// variables, then defaults) as TOML with secrets masked and exit 0;
+    /// or print one line per problem and exit 1.
+    Check {
+        /// The config file.
+        #[command(flatten)]
+        config: ConfigArg,
     },
 }
 
@@ -163,6 +192,7 @@ pub async fn main() -> i32 {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    crate::init_tracing(cli.log_format);
     let result = match cli.command {
         Command::Run { config, drain } => run(&config, drain).await,
         Command::Publish {
@@ -175,6 +205,9 @@ pub async fn main() -> i32 {
             .map(|n| println!("published {n} messages to {subject}")),
         Command::Dlq { command } => dlq(command).await,
         Command::Receipts { command } => receipts(command).await,
+        Command::Config {
+            command: ConfigCommand::Check { config },
+        } => return config_check(&config.config),
     };
     match result {
         Ok(()) => 0,
@@ -208,6 +241,27 @@ fn usage_error(e: &clap::Error) -> i32 {
         text.split_whitespace().collect::<Vec<_>>().join(" ")
     );
     1
+}
+
+/// `idem config check`: the effective config on stdout (exit 0), or one
+/// `idem: …` line per problem on stderr (exit 1).
+fn config_check(path: &std::path::Path) -> i32 {
+    match Config::load(path) {
+        Ok(config) => {
+            print!("{}", config.to_masked_toml());
+            0
+        }
+        Err(ConfigError::Invalid { problems }) => {
+            for p in problems {
+                eprintln!("idem: {p}");
+            }
+            1
+        }
+        Err(e) => {
+            eprintln!("idem: {e}");
+            1
+        }
+    }
 }
 
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod publish;
 pub mod runtime;
+pub mod secret;
 pub mod service;
 pub mod sql_guard;
 pub mod sql_value;
@@ -37,15 +38,38 @@ pub mod verdict;
 /// still show.
 pub const DEFAULT_LOG_FILTER: &str = "info,async_nats=warn,sqlx::postgres::notice=warn";
 
-/// Logs to stderr, filtered by `RUST_LOG` (default [`DEFAULT_LOG_FILTER`]);
-/// colours only on a terminal.
-pub fn init_tracing() {
+/// How log lines are written (`idem --log-format`, or `IDEM_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines; colours only on a terminal.
+    #[default]
+    Pretty,
+    /// One JSON object per line: `timestamp`, `level`, `target`, the
+    /// event's fields flattened (`message`, …), and `spans`, the open spans
+    /// outermost first, each with its `name` and fields (inside a delivery,
+    /// the `delivery` span: `handler`, `stream_sequence`, `delivery`,
+    /// `message_id`).
+    Json,
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default
+/// [`DEFAULT_LOG_FILTER`]).
+pub fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
+    };
 }

@@ -2,6 +2,5 @@
 
 #[tokio::main]
 async fn main() {
-    idem::init_tracing();
     std::process::exit(idem::cli::main().await);
 }

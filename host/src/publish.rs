@@ -23,7 +23,9 @@ pub async fn publish_file(
     file: &Path,
     msg_id: Option<&IdentityRule>,
 ) -> anyhow::Result<u64> {
-    let js = crate::broker::connect(broker_url).await?.js;
+    let js = crate::broker::connect(&crate::config::BrokerConfig::at(broker_url))
+        .await?
+        .js;
     let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let mut pending = VecDeque::new();
     let mut count = 0u64;

@@ -121,7 +121,7 @@ impl Host {
         }
         let stop = CancellationToken::new();
         let gate = Arc::new(DbGate::new(db.clone(), stop.clone()));
-        let nats = broker::connect(&config.broker.url).await?;
+        let nats = broker::connect(&config.broker).await?;
         let js = &nats.js;
         let mut handlers = Vec::new();
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();

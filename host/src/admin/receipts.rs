@@ -100,7 +100,7 @@ async fn prune_on(
         Some(n) => vec![super::handler(config, config_path, n)?],
         None => config.handlers.iter().collect(),
     };
-    let broker = crate::broker::connect(&config.broker.url).await?;
+    let broker = crate::broker::connect(&config.broker).await?;
     let mut targets: Vec<(&str, i64)> = Vec::with_capacity(handlers.len());
     for h in &handlers {
         let (broker_ms, at) = broker_clock::read(&broker.js, &h.stream)

@@ -14,7 +14,7 @@
 //!   handler's last allowed delivery itself.
 
 use crate::broker_config;
-use crate::config::HandlerConfig;
+use crate::config::{BrokerConfig, HandlerConfig};
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
@@ -40,11 +40,18 @@ pub struct Broker {
     connections: watch::Receiver<u64>,
 }
 
-/// Connects to the broker. Error: one line naming the URL and what to check.
+/// Connects to the broker at `broker.url`, with its token if it has one.
+/// Error: one line naming the URL (password masked) and what to check.
 /// The client reconnects by itself for ever after a lost connection.
-pub async fn connect(url: &str) -> anyhow::Result<Broker> {
+pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
+    let url = broker.url.as_str();
+    let shown = crate::secret::redact_url(url);
     let (count, mut connections) = watch::channel(0u64);
-    let client = async_nats::ConnectOptions::new()
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(token) = &broker.token {
+        options = options.token(token.expose().to_owned());
+    }
+    let client = options
         .name("idem")
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
@@ -65,12 +72,12 @@ pub async fn connect(url: &str) -> anyhow::Result<Broker> {
         })
         .connect(url)
         .await
-        .with_context(|| format!("cannot connect to NATS at {url}; check [broker] url and that nats-server runs with -js"))?;
+        .with_context(|| format!("cannot connect to NATS at {shown}; check [broker] url and that nats-server runs with -js"))?;
     // `retry_on_initial_connect` returns at once; prove the server answers.
     tokio::time::timeout(Duration::from_secs(10), client.flush())
         .await
-        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {url} within 10s; check [broker] url and that nats-server runs"))?
-        .with_context(|| format!("cannot reach NATS at {url}"))?;
+        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {shown} within 10s; check [broker] url and that nats-server runs"))?
+        .with_context(|| format!("cannot reach NATS at {shown}"))?;
     // The client reports its first connection from another task, possibly
     // after the pull streams have started; seen then, it would read as a
     // reconnect and drop a pull stream with messages in it (they would wait

@@ -4,7 +4,8 @@
 //! receipts. Both databases; times come back as Unix milliseconds read on
 //! the database's clock (the clock that wrote them).
 
-use super::{Database, DeadLetterRow, StoreError, Tx, dispatch, one_line, redact_url, sqlite};
+use super::{Database, DeadLetterRow, StoreError, Tx, dispatch, one_line, sqlite};
+use crate::secret::redact_url;
 use std::time::Duration;
 
 /// One stored receipt, as read back by [`Database::receipt`].

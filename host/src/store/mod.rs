@@ -55,6 +55,7 @@ pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 
 pub use crate::sql_value::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 
+use crate::secret::redact_url;
 use anyhow::Context as _;
 use sha2::Digest as _;
 use std::path::Path;
@@ -278,46 +279,6 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
-/// `url` with any password replaced by `***`: the userinfo's password and a
-/// `password=` query parameter (any case). A URL that does not parse is
-/// masked whole (`<unparsable database url>`), since where its password is
-/// cannot be told. A URL without a password (SQLite's, say) is unchanged.
-fn redact_url(url: &str) -> String {
-    const UNPARSABLE: &str = "<unparsable database url>";
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return UNPARSABLE.to_owned();
-    };
-    // No authority to read a password from (`sqlite:…`, `u:pw@h`): any `@`
-    // might follow one.
-    if parsed.cannot_be_a_base() && url.contains('@') {
-        return UNPARSABLE.to_owned();
-    }
-    let password_param = parsed
-        .query_pairs()
-        .any(|(k, _)| k.eq_ignore_ascii_case("password"));
-    if parsed.password().is_none() && !password_param {
-        return url.to_owned();
-    }
-    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
-        return UNPARSABLE.to_owned();
-    }
-    if password_param {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if k.eq_ignore_ascii_case("password") {
-                    "***".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -335,52 +296,5 @@ mod tests {
             "{a}"
         );
         assert_ne!(a, migrations_table("credit_projector"));
-    }
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            redact_url("postgres://u@h/db?password=x&sslmode=disable"),
-            "postgres://u@h/db?password=***&sslmode=disable"
-        );
-        assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
-    }
-
-    #[test]
-    fn redacts_only_what_is_a_password() {
-        // No password, or a user only: unchanged.
-        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
-        assert_eq!(
-            redact_url("postgres://u@h:5432/db"),
-            "postgres://u@h:5432/db"
-        );
-        // A percent-encoded password (with `@` and `:` in it) goes whole.
-        let r = redact_url("postgresql://u:p%40ss%3Aw@h/db?sslmode=disable");
-        assert_eq!(r, "postgresql://u:***@h/db?sslmode=disable");
-        assert!(!r.contains("p%40ss") && !r.contains("ss%3Aw"), "{r}");
-        // Both places, and the parameter in any case.
-        let r = redact_url("postgres://u:a@h/db?PASSWORD=b");
-        assert_eq!(r, "postgres://u:***@h/db?PASSWORD=***");
-        // SQLite URLs are left as they are.
-        for u in [
-            "sqlite::memory:",
-            "sqlite:idem.db",
-            "sqlite:///var/lib/idem/idem.db?mode=rwc",
-        ] {
-            assert_eq!(redact_url(u), u);
-        }
-    }
-
-    #[test]
-    fn an_unparsable_url_is_masked_whole() {
-        for u in ["postgres://u:secret@[::1/db", "u:secret@h/db", ""] {
-            let r = redact_url(u);
-            assert!(!r.contains("secret"), "{u} -> {r}");
-            assert_eq!(r, "<unparsable database url>");
-        }
     }
 }

@@ -3,6 +3,5 @@
 
 #[tokio::main]
 async fn main() {
-    idem::init_tracing();
     std::process::exit(idem::cli::main().await);
 }

@@ -1,0 +1,267 @@
+//! One `[[handler]]` table: a component, the stream it reads, the tables it
+//! may write and its limits. Parsing and the values derived from it; the
+//! checks across fields are [`super::Config::validate`].
+
+use crate::start::StartPosition;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The smallest pull batch idem asks for (see
+/// [`HandlerConfig::effective_pull_batch`]).
+pub const MIN_PULL_BATCH: usize = 2;
+
+/// One `[[handler]]`: a component, the stream it reads and the tables it may write.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// The JetStream durable consumer name and the `consumer` part of every
+    /// receipt key. JetStream allows no `.`, `*`, `>` or whitespace in it.
+    pub name: String,
+    /// Path to the component (`.wasm`) implementing world `idem:handler/handler`.
+    pub module: PathBuf,
+    /// The stream to consume; created with `subjects` if it does not exist.
+    pub stream: String,
+    /// Subjects the stream captures (used only when idem creates the stream)
+    /// and that this consumer filters on.
+    pub subjects: Vec<String>,
+    /// Where the message identity comes from: `header:NAME` or `json:/pointer`.
+    #[serde(default = "default_identity", serialize_with = "display")]
+    pub identity: IdentityRule,
+    /// Tables the handler's SQL may touch. Everything else is denied.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Directory of sqlx migrations (`NNNN_name.sql`) applied at start, recorded per handler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrations: Option<PathBuf>,
+    /// JetStream `max_deliver`: deliveries before a failing message is dead-lettered. Default 5.
+    #[serde(default = "default_max_deliver")]
+    pub max_deliver: u32,
+    /// JetStream `ack_wait`. Default 30 s.
+    #[serde(default = "default_ack_wait", with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Delay before a retried message is delivered again (nak delay), the same
+    /// for every delivery. Default 1 s. Shorthand for `backoff = [retry_delay]`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub retry_delay: Option<Duration>,
+    /// Nak delays by delivery: after the n-th failed delivery the message is
+    /// delivered again after `backoff[n-1]`, the last entry repeating, e.g.
+    /// `["1s", "10s", "1m"]`. JetStream's own consumer `backoff` applies to
+    /// ack timeouts, not naks, so idem sends each delay with its nak.
+    #[serde(default)]
+    pub backoff: Vec<HumanDuration>,
+    /// Wall-clock deadline for one `handle` call. Default 5 s.
+    #[serde(default = "default_deadline", with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Messages this handler runs at once on one host, each in its own
+    /// transaction. Default 1. Ordering is not promised either way (JetStream
+    /// redelivers out of order, and several hosts share one consumer). The
+    /// sum over handlers must leave one `[database] max_connections` spare.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Most messages requested per pull. Default 16; lowered at start so a
+    /// buffered message cannot wait past `ack_wait`, never below 2
+    /// ([`HandlerConfig::effective_pull_batch`]).
+    #[serde(default = "default_pull_batch")]
+    pub pull_batch: usize,
+    /// Time bound on each statement of a message's transaction (PostgreSQL
+    /// `SET LOCAL statement_timeout`; on SQLite, on the transaction from
+    /// BEGIN). Default: the handler's `deadline` plus 1 s.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub statement_timeout: Option<Duration>,
+    /// Most statements (`execute` + `query`) one message may run. Default 1000.
+    #[serde(default = "default_max_statements")]
+    pub max_statements: u32,
+    /// Most rows one query may return to the guest. Default 10,000.
+    #[serde(default = "default_max_rows")]
+    pub max_rows: usize,
+    /// Bytes of values one message's queries may return to the guest, all
+    /// statements together, in KiB. Also bounds (on SQLite) any one value or
+    /// row its statements create or read. Default 8192 (8 MiB).
+    #[serde(default = "default_max_result_kib")]
+    pub max_result_kib: usize,
+    /// Bytes of parameter values one statement may carry, in KiB. Default
+    /// 8192 (8 MiB).
+    #[serde(default = "default_max_param_kib")]
+    pub max_param_kib: usize,
+    /// Log output (the `log` interface and, under WASI, stdout/stderr) per
+    /// message, in KiB; the rest is dropped and counted. Default 64.
+    #[serde(default = "default_max_log_kib")]
+    pub max_log_kib: usize,
+    /// Link an empty WASI context (no preopens, no network, no environment,
+    /// stdout/stderr to the host log) for a guest whose toolchain cannot avoid
+    /// WASI imports. Default false: a guest importing WASI is refused at load.
+    #[serde(default)]
+    pub wasi: bool,
+    /// Linear memory cap per instance, in MiB. Default 64.
+    #[serde(default = "default_memory_mib")]
+    pub max_memory_mib: u32,
+    /// The retention window (ARCHITECTURE.md invariant 7): receipts older than
+    /// this are pruned, and a message published longer ago than this cannot
+    /// be proven new, so it is dead-lettered (`beyond-horizon: …`) instead of
+    /// run. A stream idem creates gets this as its `max_age`; at start the
+    /// host refuses a stream that can keep messages longer. Default 7 days.
+    #[serde(default = "default_retention", with = "humantime_serde")]
+    pub retention: Duration,
+    /// Start even when the stream keeps messages longer than `retention`
+    /// (unlimited or larger `max_age`): a redelivered or replayed message
+    /// older than the window is then quarantined, never run. Default false.
+    #[serde(default)]
+    pub accept_horizon_risk: bool,
+    /// Where a new durable consumer starts in the stream: `"all"` (default),
+    /// `"new"`, `"seq:N"` or `"time:<RFC 3339>"` ([`StartPosition`]). Only
+    /// when idem creates the consumer; an existing one goes on from where
+    /// it is.
+    #[serde(default, serialize_with = "display")]
+    pub start: StartPosition,
+}
+
+fn default_identity() -> IdentityRule {
+    IdentityRule::Header("Nats-Msg-Id".to_string())
+}
+fn default_max_deliver() -> u32 {
+    5
+}
+fn default_ack_wait() -> Duration {
+    Duration::from_secs(30)
+}
+/// A duration written the humantime way (`"1s"`, `"500ms"`, `"2m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct HumanDuration(#[serde(with = "humantime_serde")] pub Duration);
+fn default_deadline() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_max_statements() -> u32 {
+    1000
+}
+fn default_max_rows() -> usize {
+    10_000
+}
+fn default_max_result_kib() -> usize {
+    8192
+}
+fn default_max_param_kib() -> usize {
+    8192
+}
+fn default_max_log_kib() -> usize {
+    64
+}
+fn default_concurrency() -> usize {
+    1
+}
+fn default_pull_batch() -> usize {
+    16
+}
+fn default_memory_mib() -> u32 {
+    64
+}
+fn default_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 60 * 60)
+}
+
+/// Where a message's identity is read from. Never invented: a message without
+/// one is dead-lettered (ARCHITECTURE.md invariant 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityRule {
+    /// `header:NAME`: the value of a NATS header, e.g. `Nats-Msg-Id`.
+    Header(String),
+    /// `json:/pointer`: an RFC 6901 JSON pointer into the payload; the value
+    /// must be a non-empty string or an integer.
+    JsonPointer(String),
+}
+
+impl std::str::FromStr for IdentityRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(name) = s.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err(
+                    "identity `header:` needs a header name, e.g. header:Nats-Msg-Id".into(),
+                );
+            }
+            Ok(IdentityRule::Header(name.to_string()))
+        } else if let Some(ptr) = s.strip_prefix("json:") {
+            if !ptr.starts_with('/') {
+                return Err(format!(
+                    "identity `{s}`: a JSON pointer starts with `/`, e.g. json:/event_id"
+                ));
+            }
+            Ok(IdentityRule::JsonPointer(ptr.to_string()))
+        } else {
+            Err(format!(
+                "identity `{s}` must be `header:NAME` or `json:/pointer`"
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for IdentityRule {
+    /// The form it is written in: `header:NAME` or `json:/pointer`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdentityRule::Header(name) => write!(f, "header:{name}"),
+            IdentityRule::JsonPointer(ptr) => write!(f, "json:{ptr}"),
+        }
+    }
+}
+
+/// Serializes a value as the text its `Display` writes (the form it is read from).
+fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl<'de> Deserialize<'de> for IdentityRule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl HandlerConfig {
+    /// The nak delay after the `delivered`-th delivery failed (1-based):
+    /// `backoff[delivered - 1]`, the last entry repeating; `retry_delay`
+    /// (default 1 s) when no backoff is set.
+    pub fn nak_delay(&self, delivered: u64) -> Duration {
+        let i = usize::try_from(delivered.saturating_sub(1)).unwrap_or(usize::MAX);
+        match self.backoff.get(i).or(self.backoff.last()) {
+            Some(d) => d.0,
+            None => self.retry_delay.unwrap_or(Duration::from_secs(1)),
+        }
+    }
+
+    /// Messages actually requested per pull: `pull_batch`, capped so that no
+    /// message waits in the client past `ack_wait` before it starts (its
+    /// in-progress keep-alive only runs once it does). The client buffers up
+    /// to 1.5 batches (async-nats asks for the next batch when half of one is
+    /// left) and each of `concurrency` slots may take up to `deadline` + 1 s
+    /// per message, so the cap is
+    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 2:
+    /// async-nats 0.51 asks for the next batch when at most half a batch is
+    /// pending, and with a batch of 1 a reply that overtakes its request's
+    /// result leaves the stream waiting for a message that never comes.
+    pub fn effective_pull_batch(&self) -> usize {
+        let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
+        let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
+        // Saturating float-to-int cast; `fits` is finite and non-negative.
+        (fits as usize).min(self.pull_batch).max(MIN_PULL_BATCH)
+    }
+
+    /// The effective statement timeout: `statement_timeout`, else `deadline`
+    /// plus 1 s, so that the deadline (a trap) fires first and the statement
+    /// timeout is only the backstop that cancels a statement the runtime
+    /// abandoned (on SQLite the budget runs from BEGIN, a little before the
+    /// guest starts).
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+            .unwrap_or(self.deadline + Duration::from_secs(1))
+    }
+}
