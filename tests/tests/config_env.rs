@@ -1,0 +1,420 @@
+//! Configuration from the environment, through the real binary: the
+//! `IDEM_<SECTION>__<KEY>` variables beat the file, other `IDEM_*` variables
+//! are not config, `idem config check` prints the effective config with
+//! secrets masked or one line per problem, secrets come from files (also
+//! under `$CREDENTIALS_DIRECTORY`) and a token file authenticates to a
+//! token-protected nats-server; `--log-format json` writes JSON lines that
+//! carry the delivery span's fields.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem_tests::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The variables a test sets are the only `IDEM_*` config the binary sees:
+/// any the test runner has are removed first.
+fn idem(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem-test-host"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IDEM_") || k == "CREDENTIALS_DIRECTORY" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn check(config: &Path, env: &[(&str, &str)]) -> (i32, String, String) {
+    idem(
+        &["config", "check", "--config", config.to_str().unwrap()],
+        env,
+    )
+}
+
+const HANDLER: &str = "[[handler]]\nname = \"h\"\nmodule = \"h.wasm\"\nstream = \"S\"\nsubjects = [\"s\"]\ntables = [\"accounts\"]\n";
+
+/// Writes `idem.toml` (`toml`, then one handler) into a new directory.
+fn config(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.toml");
+    std::fs::write(&path, format!("{toml}{HANDLER}")).unwrap();
+    (dir, path)
+}
+
+/// The printed config up to the first `[[handler]]`.
+fn sections(out: &str) -> &str {
+    &out[..out.find("[[handler]]").unwrap()]
+}
+
+const FILE: &str = "[broker]\nurl = \"nats://file.example:4222\"\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 4\n[service]\nshutdown_grace = \"5s\"\n";
+
+#[test]
+fn the_environment_beats_the_file() {
+    let (dir, cfg) = config(FILE);
+    let (code, out, err) = check(&cfg, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        sections(&out),
+        "[broker]\nurl = \"nats://file.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n"
+    );
+    // Every default filled in; relative paths resolved against the file's directory.
+    assert!(
+        out.contains(&format!(
+            "module = \"{}\"\n",
+            dir.path().join("h.wasm").display()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("max_deliver = 5\n"), "{out}");
+    assert!(out.contains("identity = \"header:Nats-Msg-Id\"\n"), "{out}");
+    assert!(out.contains("start = \"all\"\n"), "{out}");
+
+    let (code, out, err) = check(
+        &cfg,
+        &[
+            ("IDEM_BROKER__URL", "nats://env.example:4222"),
+            ("IDEM_DATABASE__MAX_CONNECTIONS", "12"),
+            ("IDEM_SERVICE__SHUTDOWN_GRACE", "10s"),
+            ("IDEM_SERVICE__LISTEN", "127.0.0.1:9464"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "");
+    assert_eq!(
+        sections(&out),
+        "[broker]\nurl = \"nats://env.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 12\n\n[service]\nlisten = \"127.0.0.1:9464\"\nshutdown_grace = \"10s\"\n\n"
+    );
+}
+
+#[test]
+fn other_idem_variables_are_not_config() {
+    let (_dir, cfg) = config(FILE);
+    let (_, plain, _) = check(&cfg, &[]);
+    let (code, out, err) = check(
+        &cfg,
+        &[
+            ("IDEM_TEST_PG", "postgres://postgres@127.0.0.1:5432/test"),
+            ("IDEM_NATS_SERVER", "/usr/bin/nats-server"),
+            ("IDEM_FAULT", ""),
+            ("IDEM_CHAOS_LOG", "debug"),
+            ("IDEM_LOG_FORMAT", "pretty"),
+            ("IDEM_SOMETHING__ELSE", "1"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "");
+    assert_eq!(out, plain);
+}
+
+#[test]
+fn config_check_masks_a_password_and_a_token() {
+    let (_dir, cfg) = config(FILE);
+    let (code, out, err) = check(
+        &cfg,
+        &[
+            (
+                "IDEM_DATABASE__URL",
+                "postgres://idem:hunter2-pg@127.0.0.1:5432/test?sslmode=disable",
+            ),
+            ("IDEM_BROKER__TOKEN", "tok-hunter3"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        sections(&out),
+        "[broker]\nurl = \"nats://file.example:4222\"\ntoken = \"***\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test?sslmode=disable\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n"
+    );
+    assert!(
+        !out.contains("hunter2") && !out.contains("hunter3"),
+        "{out}"
+    );
+}
+
+/// `password_file` and `token_file` are read from `$CREDENTIALS_DIRECTORY`
+/// (systemd's `LoadCredential=`) when it is set, else next to the config.
+#[test]
+fn secrets_come_from_files() {
+    let creds = tempfile::tempdir().unwrap();
+    std::fs::write(creds.path().join("pg-password"), "hunter4-pg\n").unwrap();
+    std::fs::write(creds.path().join("nats-token"), "tok-hunter5\n").unwrap();
+    let (dir, cfg) = config(
+        "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken_file = \"nats-token\"\n[database]\nurl = \"postgres://idem@127.0.0.1:5432/test\"\npassword_file = \"pg-password\"\n",
+    );
+    let creds_dir = creds.path().to_str().unwrap();
+    let (code, out, err) = check(&cfg, &[("CREDENTIALS_DIRECTORY", creds_dir)]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        sections(&out),
+        format!(
+            "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken = \"***\"\ntoken_file = \"{creds_dir}/nats-token\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test\"\nmax_connections = 8\npassword_file = \"{creds_dir}/pg-password\"\n\n[service]\nshutdown_grace = \"30s\"\n\n"
+        )
+    );
+    assert!(!out.contains("hunter"), "{out}");
+
+    // Without $CREDENTIALS_DIRECTORY the files are looked for next to the config.
+    let (code, _, err) = check(&cfg, &[]);
+    assert_eq!(code, 1);
+    let d = dir.path().display();
+    assert_eq!(
+        err,
+        format!(
+            "idem: invalid config {d}/idem.toml: [broker] token_file: cannot read {d}/nats-token: No such file or directory (os error 2); a relative path is read from $CREDENTIALS_DIRECTORY when set, else from the config file's directory\n\
+             idem: invalid config {d}/idem.toml: [database] password_file: cannot read {d}/pg-password: No such file or directory (os error 2); a relative path is read from $CREDENTIALS_DIRECTORY when set, else from the config file's directory\n"
+        )
+    );
+}
+
+#[test]
+fn an_unknown_key_in_the_environment_is_one_line() {
+    let (_dir, cfg) = config(FILE);
+    let line = "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE\n";
+    let (code, out, err) = check(&cfg, &[("IDEM_DATABASE__NOPE", "1")]);
+    assert_eq!((code, out.as_str(), err.as_str()), (1, "", line));
+    // `idem run` stops on it the same way, before contacting anything.
+    let (code, _, err) = idem(
+        &["run", "--config", cfg.to_str().unwrap()],
+        &[("IDEM_DATABASE__NOPE", "1")],
+    );
+    assert_eq!((code, err.as_str()), (1, line));
+}
+
+#[test]
+fn a_bad_duration_in_the_environment_names_the_variable() {
+    let (_dir, cfg) = config(FILE);
+    let (code, out, err) = check(&cfg, &[("IDEM_SERVICE__SHUTDOWN_GRACE", "soon")]);
+    assert_eq!(code, 1);
+    assert_eq!(out, "");
+    assert_eq!(
+        err,
+        "idem: invalid environment variable IDEM_SERVICE__SHUTDOWN_GRACE: [service] shutdown_grace: expected a duration, found string \"soon\"\n"
+    );
+}
+
+#[test]
+fn every_problem_is_one_line() {
+    let (dir, cfg) = config(&FILE.replace("max_connections = 4", "max_connections = \"four\""));
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg).unwrap() + "tabels = []\n",
+    )
+    .unwrap();
+    let (code, out, err) = check(
+        &cfg,
+        &[
+            ("IDEM_DATABASE__NOPE", "1"),
+            ("IDEM_SERVICE__SHUTDOWN_GRACE", "soon"),
+            ("IDEM_BROKER_URL", "nats://127.0.0.1:4222"),
+            ("IDEM_HANDLER__NAME", "other"),
+        ],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(out, "");
+    let p = dir.path().join("idem.toml");
+    let p = p.display();
+    let mut lines: Vec<&str> = err.lines().collect();
+    lines.sort();
+    let mut expected = vec![
+        "idem: invalid environment variable IDEM_BROKER_URL: not read: a section and its key are separated by two underscores, as in IDEM_BROKER__URL".to_owned(),
+        "idem: invalid environment variable IDEM_HANDLER__NAME: [[handler]] tables are read from the config file only; unset it".to_owned(),
+        "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE".to_owned(),
+        format!("idem: invalid config {p}: [database] max_connections: expected u32, found string \"four\""),
+        "idem: invalid environment variable IDEM_SERVICE__SHUTDOWN_GRACE: [service] shutdown_grace: expected a duration, found string \"soon\"".to_owned(),
+        format!("idem: invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `identity`, `tables`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `wasi`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"),
+    ];
+    expected.sort();
+    assert_eq!(lines, expected);
+
+    // `idem run` prints the first, one line, and says there are more.
+    let (code, _, err) = idem(
+        &["run", "--config", cfg.to_str().unwrap()],
+        &[("IDEM_SERVICE__SHUTDOWN_GRACE", "soon")],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        format!(
+            "idem: invalid config {p}: [database] max_connections: expected u32, found string \"four\" (and 2 more; `idem config check` lists them all)\n"
+        )
+    );
+}
+
+/// A nats-server that requires `token`, killed on drop.
+struct TokenNats {
+    child: std::process::Child,
+    port: u16,
+    _store: tempfile::TempDir,
+}
+
+impl TokenNats {
+    fn start(token: &str) -> Self {
+        let store = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let bin = std::env::var("IDEM_NATS_SERVER")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"));
+        let child = Command::new(bin)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-js",
+                "--auth",
+                token,
+                "-sd",
+            ])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nats-server did not listen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        TokenNats {
+            child,
+            port,
+            _store: store,
+        }
+    }
+}
+
+impl Drop for TokenNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The token in `token_file` is what the host authenticates with: against a
+/// nats-server that requires it, `idem run --drain` starts and exits 0; with
+/// a wrong one it stops with one line that does not show the token.
+#[test]
+fn a_token_file_authenticates_to_the_broker() {
+    let nats = TokenNats::start("tok-hunter6");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("nats-token"), "tok-hunter6\n").unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"nats://127.0.0.1:{}\"\ntoken_file = \"nats-token\"\n[database]\nurl = \"sqlite://{}/idem.db\"\n[[handler]]\nname = \"h\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n",
+            nats.port,
+            dir.path().display(),
+            guest("credit").display(),
+            root().join("examples/credit/migrations").display()
+        ),
+    )
+    .unwrap();
+    let run = ["run", "--drain", "--config", cfg.to_str().unwrap()];
+    let (code, out, err) = idem(&run, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("handler h: delivered=0 processed=0"),
+        "{out}"
+    );
+
+    std::fs::write(dir.path().join("nats-token"), "tok-wrong7\n").unwrap();
+    let (code, _, err) = idem(&run, &[]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("NATS at nats://127.0.0.1:{}", nats.port)),
+        "{err}"
+    );
+    assert!(!err.contains("tok-"), "{err}");
+}
+
+/// `--log-format json`: every stderr line is a JSON object, and a line
+/// logged inside a delivery (here the retry of its first delivery) carries
+/// the `delivery` span's handler, stream sequence, delivery count and
+/// message id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_delivery_span() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &nats,
+        &db,
+        &[HandlerSpec::new("jsonlog", "behave")],
+    );
+    create_stream(&nats, "ACCOUNTS", &["accounts.credit"]).await;
+    let js = nats.jetstream().await;
+    publish(
+        &js,
+        "accounts.credit",
+        r#"{"op":"retry-once-then-credit","event_id":"e1","account_id":1,"amount":5}"#,
+        &[],
+    )
+    .await;
+    let out = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
+        .args(["--log-format", "json", "run", "--drain", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "info,async_nats=warn")
+        .env_remove("IDEM_LOG_FORMAT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "handler jsonlog: delivered=2 processed=1 duplicates=0 retried=1 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0"
+    );
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let retry: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "rolled back; will retry")
+        .collect();
+    assert_eq!(retry.len(), 1, "{err}");
+    assert_eq!(retry[0]["level"], "INFO");
+    assert_eq!(
+        retry[0]["spans"],
+        serde_json::json!([{
+            "name": "delivery",
+            "handler": "jsonlog",
+            "stream_sequence": 1,
+            "delivery": 1,
+            "message_id": "e1",
+        }])
+    );
+    assert_eq!(db.balance(1).await, Some(5));
+    // The same with IDEM_LOG_FORMAT instead of the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
+        .args(["run", "--drain", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "info,async_nats=warn")
+        .env("IDEM_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.lines().count() > 0);
+    for l in err.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["timestamp"].is_string() && v["level"].is_string(), "{l}");
+    }
+}
