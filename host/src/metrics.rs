@@ -129,7 +129,7 @@ const SECONDS_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the process-wide Prometheus recorder (histograms with
-/// [`SECONDS_BUCKETS`]) and describes every metric, so `/metrics` has their
+/// buckets from 1 ms to 1 h) and describes every metric, so `/metrics` has their
 /// help text. Only `idem run` calls it, before the host starts.
 ///
 /// # Errors

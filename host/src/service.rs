@@ -63,8 +63,8 @@ struct RunningHandler {
     consuming: Arc<AtomicBool>,
 }
 
-/// How often the consumer and receipt gauges are read again
-/// ([`refresh_gauges_forever`]).
+/// How often the consumer and receipt gauges are read again while the
+/// host runs.
 pub const GAUGE_REFRESH: Duration = Duration::from_secs(10);
 
 /// Each handler's name and final counters, as [`Host::run`] returns them.
