@@ -317,8 +317,19 @@ impl Which {
 
 async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
     let config = Config::load(config)?;
+    // The listener first: a bad address stops the start before anything connects.
+    let server = match config.service.listen {
+        Some(addr) => {
+            let metrics = crate::metrics::install_recorder()?;
+            Some(crate::http::Server::bind(addr, metrics).await?)
+        }
+        None => None,
+    };
     let host = Host::start(&config).await?;
     let shutdown = tokio_util::sync::CancellationToken::new();
+    if let Some(server) = &server {
+        server.attach(host.readiness(shutdown.clone()));
+    }
     let signal = shutdown.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -334,6 +345,7 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
     for (name, s) in host.run(mode, shutdown).await {
         println!("handler {name}: {s}");
     }
+    drop(server);
     match failure.get() {
         Some(why) => anyhow::bail!("{why}"),
         None => Ok(()),

@@ -10,7 +10,7 @@
 //!   no     → ROLLBACK                                 Applied::Refused
 //! SET LOCAL ROLE idem_handler_<name> (PostgreSQL, when set up)
 //! run the guest's handle(msg) in this transaction
-//!   ok     → COMMIT                                   Applied::Committed
+//!   ok     → COMMIT                                   Applied::Committed (timings)
 //!   failed → ROLLBACK (bounded)                       Applied::GuestFailed
 //! a database step fails → rolled back                 StepFailed
 //! ```
@@ -20,12 +20,14 @@
 //! the component that produced the effect.
 
 use crate::config::HandlerConfig;
-use crate::metrics::HandlerStats;
-use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
+use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
+use crate::runtime::{
+    GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime, WIT_PACKAGE,
+};
 use crate::sql_guard::SqlGuard;
 use crate::store::{Database, Receipt, StoreError, Tx};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One handler's component, SQL guard, limits and (PostgreSQL) role, built
 /// once by [`PreparedHandler::prepare`].
@@ -46,8 +48,9 @@ pub struct PreparedHandler {
 /// How [`PreparedHandler::apply`] ended when every database step worked.
 pub enum Applied {
     /// The guest succeeded and the transaction committed: effect and
-    /// receipt are durable together.
-    Committed,
+    /// receipt are durable together. How long the guest call and the
+    /// COMMIT took.
+    Committed(CommitTimings),
     /// A receipt for this message id existed: the guest did not run. The
     /// open transaction is handed back for the caller to roll back (a
     /// delivery) or commit (a redrive, whose transaction also removes the
@@ -103,6 +106,12 @@ impl PreparedHandler {
                 None
             }
         };
+        let stats = Arc::new(HandlerStats::new(HandlerIdentity {
+            name: &cfg.name,
+            digest: component.digest(),
+            wit: WIT_PACKAGE,
+            retention: cfg.retention,
+        }));
         Self {
             name: Arc::from(cfg.name.as_str()),
             component,
@@ -111,7 +120,7 @@ impl PreparedHandler {
             limits: limits(cfg),
             role,
             statement_timeout: cfg.statement_timeout(),
-            stats: Arc::new(HandlerStats::default()),
+            stats,
         }
     }
 
@@ -178,14 +187,22 @@ impl PreparedHandler {
         {
             return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
         }
+        let guest_started = Instant::now();
         match self.run_guest(tx, msg).await {
-            Ok(tx) => match tx.commit().await {
-                Ok(()) => Ok(Applied::Committed),
-                Err(error) => Err(StepFailed {
-                    step: "COMMIT",
-                    error,
-                }),
-            },
+            Ok(tx) => {
+                let handler = guest_started.elapsed();
+                let commit_started = Instant::now();
+                match tx.commit().await {
+                    Ok(()) => Ok(Applied::Committed(CommitTimings {
+                        handler,
+                        commit: commit_started.elapsed(),
+                    })),
+                    Err(error) => Err(StepFailed {
+                        step: "COMMIT",
+                        error,
+                    }),
+                }
+            }
             Err((failure, rollback)) => Ok(Applied::GuestFailed(failure, rollback)),
         }
     }

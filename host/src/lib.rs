@@ -3,7 +3,8 @@
 //!
 //! Data flows one way: [`broker`] → [`pipeline`] → [`store`] + [`runtime`] →
 //! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary;
-//! [`admin`] holds the operator commands on the database.
+//! [`admin`] holds the operator commands on the database; [`http`] serves
+//! health, readiness and [`metrics`].
 
 #![deny(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod db_gate;
 pub mod fault;
 pub mod handler;
+pub mod http;
 pub mod message_id;
 pub mod metrics;
 pub mod pipeline;

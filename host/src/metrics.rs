@@ -1,40 +1,388 @@
-//! Per-handler counters of the protocol's outcomes (the signals an operator watches:
-//! duplicates skipped, retries, dead letters). Cheap atomics, read by the
-//! periodic stats line, the shutdown summary and the tests.
+//! Every metric idem exports, defined in one place, and the per-handler
+//! counters of the protocol's outcomes (the signals an operator watches:
+//! duplicates skipped, retries, dead letters).
+//!
+//! A [`HandlerStats`] counter is a cheap atomic, read by the periodic stats
+//! line, the shutdown summary and the tests, and at once a counter of the
+//! `metrics` facade labelled `handler`, which the Prometheus recorder of
+//! `idem run` renders on `/metrics` ([`install_recorder`], module
+//! [`crate::http`]). Without an installed recorder (an in-process host, an
+//! admin command) the facade's instruments do nothing. The instruments are
+//! registered when the handler's stats are made ([`HandlerStats::new`]), so
+//! the recorder must be installed before the host starts.
 
+use metrics::{Counter, Gauge, Histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
-/// Counters for one handler since the host started. All counts are messages
-/// (deliveries), not rows, except `log_bytes_dropped` and `receipts_pruned`.
-#[derive(Debug, Default)]
+/// The label every per-handler metric carries: the handler's name.
+pub const HANDLER_LABEL: &str = "handler";
+
+/// Counter names (Prometheus, `_total`) with their help text.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "idem_deliveries_total",
+        "Deliveries taken from the broker (every copy, duplicates included).",
+    ),
+    (
+        "idem_processed_total",
+        "Deliveries whose effect committed (new receipt and handler writes).",
+    ),
+    (
+        "idem_duplicates_total",
+        "Deliveries whose message id already had a receipt: acked, nothing changed.",
+    ),
+    (
+        "idem_retries_total",
+        "Deliveries rolled back and naked to run again (guest retry, trap, failed database step).",
+    ),
+    (
+        "idem_dead_letters_total",
+        "Messages written to the dead-letter table, then termed.",
+    ),
+    (
+        "idem_traps_total",
+        "Guest calls that trapped (deadline, memory or other limit, panic).",
+    ),
+    (
+        "idem_ack_failures_total",
+        "Acks after COMMIT the broker did not confirm (the receipt absorbs the redelivery).",
+    ),
+    (
+        "idem_db_pauses_total",
+        "Times a delivery was held and run again because the database was unavailable or busy.",
+    ),
+    (
+        "idem_receipts_pruned_total",
+        "Receipts deleted by this host's pruning (rows).",
+    ),
+    (
+        "idem_unique_violations_total",
+        "Guest statements that failed on a unique constraint.",
+    ),
+    (
+        "idem_log_bytes_dropped_total",
+        "Guest log bytes dropped by the per-message cap.",
+    ),
+];
+
+/// Histogram names (seconds) with their help text.
+const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        "idem_handler_seconds",
+        "Time of the guest's handle call, for deliveries whose effect committed.",
+    ),
+    (
+        "idem_commit_seconds",
+        "Time of the COMMIT of deliveries whose effect committed.",
+    ),
+    (
+        "idem_publish_to_commit_seconds",
+        "From the message's publish time to its COMMIT, on the broker's clock.",
+    ),
+];
+
+/// Gauge names with their unit and help text.
+const GAUGES: &[(&str, Option<Unit>, &str)] = &[
+    (
+        "idem_in_flight",
+        None,
+        "Deliveries this host is working on now.",
+    ),
+    (
+        "idem_consumer_pending",
+        None,
+        "Messages of the durable consumer not yet delivered, as the broker reports them.",
+    ),
+    (
+        "idem_consumer_ack_pending",
+        None,
+        "Messages delivered and not yet acked, as the broker reports them.",
+    ),
+    (
+        "idem_receipts",
+        None,
+        "The handler's receipts (PostgreSQL: the planner's estimate; SQLite: exact).",
+    ),
+    (
+        "idem_oldest_receipt_age_seconds",
+        Some(Unit::Seconds),
+        "Age of the handler's oldest receipt on the broker's clock (0 without receipts).",
+    ),
+    (
+        "idem_retention_seconds",
+        Some(Unit::Seconds),
+        "The handler's retention window.",
+    ),
+    (
+        "idem_handler_info",
+        None,
+        "1 per handler, labelled with its component's sha256 digest and WIT package.",
+    ),
+];
+
+/// Upper bounds (seconds) of the histograms' buckets: 1 ms to 1 h.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0,
+];
+
+/// Installs the process-wide Prometheus recorder (histograms with
+/// buckets from 1 ms to 1 h) and describes every metric, so `/metrics` has their
+/// help text. Only `idem run` calls it, before the host starts.
+///
+/// # Errors
+/// A recorder is already installed, or the buckets are refused.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
+    for (name, help) in COUNTERS {
+        metrics::describe_counter!(*name, *help);
+    }
+    for (name, help) in HISTOGRAMS {
+        metrics::describe_histogram!(*name, Unit::Seconds, *help);
+    }
+    for (name, unit, help) in GAUGES {
+        match unit {
+            Some(u) => metrics::describe_gauge!(*name, *u, *help),
+            None => metrics::describe_gauge!(*name, *help),
+        }
+    }
+    Ok(handle)
+}
+
+/// One counter: an atomic read by the stats line and the tests, and the
+/// exported counter of the same name.
+#[derive(Debug)]
+pub struct Count {
+    value: AtomicU64,
+    exported: Counter,
+}
+
+impl Count {
+    fn new(name: &'static str, handler: &str) -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            exported: metrics::counter!(name, HANDLER_LABEL => handler.to_owned()),
+        }
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Relaxed);
+        self.exported.increment(n);
+    }
+
+    /// The count so far.
+    pub fn get(&self) -> u64 {
+        self.value.load(Relaxed)
+    }
+}
+
+/// The exported instruments of one handler that are not counters.
+#[derive(Debug)]
+struct Instruments {
+    handler_seconds: Histogram,
+    commit_seconds: Histogram,
+    publish_to_commit_seconds: Histogram,
+    in_flight: Gauge,
+    consumer_pending: Gauge,
+    consumer_ack_pending: Gauge,
+    receipts: Gauge,
+    oldest_receipt_age_seconds: Gauge,
+}
+
+/// Counters for one handler since the host started, and its other exported
+/// instruments. All counts are messages (deliveries), not rows, except
+/// `log_bytes_dropped`, `receipts_pruned` and `unique_violations`.
+#[derive(Debug)]
 pub struct HandlerStats {
-    /// Deliveries taken from the broker.
-    pub delivered: AtomicU64,
-    /// Effects committed (new receipt + handler writes).
-    pub processed: AtomicU64,
-    /// Deliveries whose message id already had a receipt: rolled back and acked.
-    pub duplicates: AtomicU64,
-    /// Deliveries rolled back and naked for a later delivery (guest retry, trap, store error).
-    pub retried: AtomicU64,
-    /// Messages written to the dead-letter table and termed.
-    pub dead_lettered: AtomicU64,
-    /// Guest traps (deadline, memory, panic): each also counted as retried or dead-lettered.
-    pub traps: AtomicU64,
-    /// Confirmed acks that failed after a commit (the receipt covers the redelivery).
-    pub ack_failures: AtomicU64,
-    /// Guest log output (bytes) dropped by the per-message cap.
-    pub log_bytes_dropped: AtomicU64,
+    /// Deliveries taken from the broker (`idem_deliveries_total`).
+    pub delivered: Count,
+    /// Effects committed (new receipt + handler writes) (`idem_processed_total`).
+    pub processed: Count,
+    /// Deliveries whose message id already had a receipt: rolled back and
+    /// acked (`idem_duplicates_total`).
+    pub duplicates: Count,
+    /// Deliveries rolled back and naked for a later delivery (guest retry,
+    /// trap, store error) (`idem_retries_total`).
+    pub retried: Count,
+    /// Messages written to the dead-letter table and termed (`idem_dead_letters_total`).
+    pub dead_lettered: Count,
+    /// Guest traps (deadline, memory, panic): each also counted as retried
+    /// or dead-lettered (`idem_traps_total`).
+    pub traps: Count,
+    /// Confirmed acks that failed after a commit (the receipt covers the
+    /// redelivery) (`idem_ack_failures_total`).
+    pub ack_failures: Count,
+    /// Guest log output (bytes) dropped by the per-message cap
+    /// (`idem_log_bytes_dropped_total`).
+    pub log_bytes_dropped: Count,
     /// Times a delivery was held and run again instead of naked: the
     /// database was unreachable (held until it answered) or, on SQLite, its
     /// write lock stayed busy past the busy timeout (run again after a
-    /// short backoff).
-    pub db_pauses: AtomicU64,
+    /// short backoff) (`idem_db_pauses_total`).
+    pub db_pauses: Count,
     /// Receipts deleted by the pruning task because they were older than the
-    /// handler's `retention` (rows, not messages).
-    pub receipts_pruned: AtomicU64,
+    /// handler's `retention` (rows, not messages) (`idem_receipts_pruned_total`).
+    pub receipts_pruned: Count,
+    /// Guest statements that failed on a unique constraint (statements,
+    /// not messages) (`idem_unique_violations_total`).
+    pub unique_violations: Count,
+    instruments: Instruments,
 }
 
-/// A point-in-time copy of [`HandlerStats`].
+/// What describes a handler in `idem_handler_info` and
+/// `idem_retention_seconds`.
+#[derive(Debug, Clone, Copy)]
+pub struct HandlerIdentity<'a> {
+    /// The handler's name (the `handler` label).
+    pub name: &'a str,
+    /// Hex SHA-256 of its component.
+    pub digest: &'a str,
+    /// The WIT package its component implements, e.g. `idem:handler@0.1.0`.
+    pub wit: &'a str,
+    /// Its retention window.
+    pub retention: Duration,
+}
+
+/// How long the two timed steps of a committed delivery took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitTimings {
+    /// The guest's `handle` call.
+    pub handler: Duration,
+    /// The COMMIT.
+    pub commit: Duration,
+}
+
+/// Counts a delivery in flight (`idem_in_flight`) until dropped.
+#[must_use = "the delivery is in flight until this is dropped"]
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+impl Default for HandlerStats {
+    /// The stats of a handler without a name, digest or retention (for
+    /// tests that call the runtime directly).
+    fn default() -> Self {
+        Self::new(HandlerIdentity {
+            name: "",
+            digest: "",
+            wit: "",
+            retention: Duration::ZERO,
+        })
+    }
+}
+
+impl HandlerStats {
+    /// Zeroed counters for the handler `id.name`, its instruments
+    /// registered with the installed recorder (none: they do nothing), and
+    /// `idem_handler_info` and `idem_retention_seconds` set.
+    pub fn new(id: HandlerIdentity<'_>) -> Self {
+        let handler = id.name;
+        let gauge = |name: &'static str| metrics::gauge!(name, HANDLER_LABEL => handler.to_owned());
+        let histogram =
+            |name: &'static str| metrics::histogram!(name, HANDLER_LABEL => handler.to_owned());
+        metrics::gauge!(
+            "idem_handler_info",
+            HANDLER_LABEL => handler.to_owned(),
+            "digest" => id.digest.to_owned(),
+            "wit" => id.wit.to_owned()
+        )
+        .set(1.0);
+        gauge("idem_retention_seconds").set(id.retention.as_secs_f64());
+        Self {
+            delivered: Count::new("idem_deliveries_total", handler),
+            processed: Count::new("idem_processed_total", handler),
+            duplicates: Count::new("idem_duplicates_total", handler),
+            retried: Count::new("idem_retries_total", handler),
+            dead_lettered: Count::new("idem_dead_letters_total", handler),
+            traps: Count::new("idem_traps_total", handler),
+            ack_failures: Count::new("idem_ack_failures_total", handler),
+            log_bytes_dropped: Count::new("idem_log_bytes_dropped_total", handler),
+            db_pauses: Count::new("idem_db_pauses_total", handler),
+            receipts_pruned: Count::new("idem_receipts_pruned_total", handler),
+            unique_violations: Count::new("idem_unique_violations_total", handler),
+            instruments: Instruments {
+                handler_seconds: histogram("idem_handler_seconds"),
+                commit_seconds: histogram("idem_commit_seconds"),
+                publish_to_commit_seconds: histogram("idem_publish_to_commit_seconds"),
+                in_flight: gauge("idem_in_flight"),
+                consumer_pending: gauge("idem_consumer_pending"),
+                consumer_ack_pending: gauge("idem_consumer_ack_pending"),
+                receipts: gauge("idem_receipts"),
+                oldest_receipt_age_seconds: gauge("idem_oldest_receipt_age_seconds"),
+            },
+        }
+    }
+
+    /// Adds one to a counter.
+    pub fn incr(counter: &Count) {
+        counter.add(1);
+    }
+
+    /// Records one committed delivery's latencies: its guest call and
+    /// COMMIT, and `publish_to_commit` (its COMMIT minus its publish time,
+    /// both on the broker's clock).
+    pub fn committed(&self, timings: CommitTimings, publish_to_commit: Duration) {
+        let i = &self.instruments;
+        i.handler_seconds.record(timings.handler.as_secs_f64());
+        i.commit_seconds.record(timings.commit.as_secs_f64());
+        i.publish_to_commit_seconds
+            .record(publish_to_commit.as_secs_f64());
+    }
+
+    /// Counts one delivery in flight until the returned guard is dropped.
+    pub fn in_flight(&self) -> InFlight {
+        self.instruments.in_flight.increment(1.0);
+        InFlight(self.instruments.in_flight.clone())
+    }
+
+    /// Sets the consumer gauges from the broker's consumer info: messages
+    /// not yet delivered, and delivered but not yet acked.
+    pub fn set_consumer(&self, pending: u64, ack_pending: u64) {
+        // Gauges are f64: a count above 2^53 is rounded, never wrong by much.
+        self.instruments.consumer_pending.set(pending as f64);
+        self.instruments
+            .consumer_ack_pending
+            .set(ack_pending as f64);
+    }
+
+    /// Sets the receipt gauges: `rows` receipts, the oldest published
+    /// `oldest_age` ago on the broker's clock (`None`: no receipts).
+    pub fn set_receipts(&self, rows: u64, oldest_age: Option<Duration>) {
+        self.instruments.receipts.set(rows as f64);
+        self.instruments
+            .oldest_receipt_age_seconds
+            .set(oldest_age.unwrap_or_default().as_secs_f64());
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            delivered: self.delivered.get(),
+            processed: self.processed.get(),
+            duplicates: self.duplicates.get(),
+            retried: self.retried.get(),
+            dead_lettered: self.dead_lettered.get(),
+            traps: self.traps.get(),
+            ack_failures: self.ack_failures.get(),
+            log_bytes_dropped: self.log_bytes_dropped.get(),
+            db_pauses: self.db_pauses.get(),
+            receipts_pruned: self.receipts_pruned.get(),
+            unique_violations: self.unique_violations.get(),
+        }
+    }
+}
+
+/// A point-in-time copy of [`HandlerStats`]' counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Deliveries received (every copy, duplicates included).
@@ -57,36 +405,15 @@ pub struct StatsSnapshot {
     pub db_pauses: u64,
     /// Receipts deleted by pruning.
     pub receipts_pruned: u64,
-}
-
-impl HandlerStats {
-    /// Adds one to a counter.
-    pub fn incr(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
-    }
-
-    /// Reads every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            delivered: self.delivered.load(Relaxed),
-            processed: self.processed.load(Relaxed),
-            duplicates: self.duplicates.load(Relaxed),
-            retried: self.retried.load(Relaxed),
-            dead_lettered: self.dead_lettered.load(Relaxed),
-            traps: self.traps.load(Relaxed),
-            ack_failures: self.ack_failures.load(Relaxed),
-            log_bytes_dropped: self.log_bytes_dropped.load(Relaxed),
-            db_pauses: self.db_pauses.load(Relaxed),
-            receipts_pruned: self.receipts_pruned.load(Relaxed),
-        }
-    }
+    /// Guest statements that failed on a unique constraint.
+    pub unique_violations: u64,
 }
 
 impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={} unique_violations={}",
             self.delivered,
             self.processed,
             self.duplicates,
@@ -96,7 +423,31 @@ impl std::fmt::Display for StatsSnapshot {
             self.ack_failures,
             self.log_bytes_dropped,
             self.db_pauses,
-            self.receipts_pruned
+            self.receipts_pruned,
+            self.unique_violations
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_count_without_a_recorder() {
+        let s = HandlerStats::new(HandlerIdentity {
+            name: "h",
+            digest: "d",
+            wit: "idem:handler@0.1.0",
+            retention: Duration::from_secs(60),
+        });
+        HandlerStats::incr(&s.processed);
+        s.receipts_pruned.add(3);
+        s.committed(CommitTimings::default(), Duration::ZERO);
+        drop(s.in_flight());
+        s.set_consumer(1, 2);
+        s.set_receipts(4, None);
+        let snap = s.snapshot();
+        assert_eq!((snap.processed, snap.receipts_pruned), (1, 3));
     }
 }

@@ -129,6 +129,7 @@ impl Pipeline {
     /// outcome was unknown had happened). An outage spends no deliveries.
     pub async fn process(&self, msg: &Message) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
+        let _in_flight = self.handler.stats().in_flight();
         let (stream_sequence, delivered, published_ns) = match msg.info() {
             Ok(info) => (
                 info.stream_sequence,
@@ -295,7 +296,15 @@ impl Pipeline {
         // deleted the receipt before it is seen here.
         let admit = || self.beyond_horizon(d.published_ms);
         match self.handler.apply(tx, msg, admit).await {
-            Ok(Applied::Committed) => Ok(Attempt::Committed),
+            Ok(Applied::Committed(timings)) => {
+                // COMMIT minus publish time, both on the broker's clock
+                // (ARCHITECTURE.md invariant 7); a reading's error below 0 is 0.
+                let since_publish = self.clock.now_ms().saturating_sub(d.published_ms);
+                let since_publish =
+                    Duration::from_millis(u64::try_from(since_publish).unwrap_or(0));
+                self.handler.stats().committed(timings, since_publish);
+                Ok(Attempt::Committed)
+            }
             Ok(Applied::Duplicate(tx)) => {
                 if let Err(e) = tx.rollback().await {
                     tracing::warn!(error = %e, "rollback of a duplicate failed");

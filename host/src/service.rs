@@ -15,6 +15,7 @@ use crate::runtime::{LoadOptions, Runtime};
 use crate::store::{Database, PrunePass};
 use anyhow::Context as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -58,7 +59,13 @@ struct RunningHandler {
         async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
     /// When the consumer's stream was created (a stream made again differs).
     stream_created: time::OffsetDateTime,
+    /// Set once its consuming loop runs (`/readyz`).
+    consuming: Arc<AtomicBool>,
 }
+
+/// How often the consumer and receipt gauges are read again while the
+/// host runs.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(10);
 
 /// Each handler's name and final counters, as [`Host::run`] returns them.
 pub type Summary = Vec<(Arc<str>, StatsSnapshot)>;
@@ -154,6 +161,7 @@ impl Host {
                 pipeline,
                 consumer,
                 stream_created,
+                consuming: Arc::default(),
             });
         }
         Ok(Self {
@@ -184,6 +192,22 @@ impl Host {
             .collect()
     }
 
+    /// What `/readyz` asks of this host ([`crate::http::Readiness`]):
+    /// `shutdown` is the token that will be given to [`Host::run`], which
+    /// turns it not ready at once when cancelled.
+    pub fn readiness(&self, shutdown: CancellationToken) -> crate::http::Readiness {
+        crate::http::Readiness {
+            broker: self.nats.js.client(),
+            gate: self.gate.clone(),
+            handlers: self
+                .handlers
+                .iter()
+                .map(|h| (h.pipeline.name().clone(), h.consuming.clone()))
+                .collect(),
+            stopping: vec![shutdown, self.stop.clone()],
+        }
+    }
+
     /// Runs until `shutdown` is cancelled (or drained, in
     /// [`RunMode::Drain`]). A message in flight at shutdown finishes its
     /// protocol step first.
@@ -203,6 +227,7 @@ impl Host {
                 ),
                 self.gate.clone(),
                 stop.clone(),
+                h.consuming.clone(),
                 Lost {
                     stop: stop.clone(),
                     failure: self.failure.clone(),
@@ -226,6 +251,16 @@ impl Host {
             self.nats.js.clone(),
             self.clocks.clone(),
         ));
+        let gauges = tokio::spawn(refresh_gauges_forever(
+            self.db.clone(),
+            self.handlers
+                .iter()
+                .map(|h| GaugeTarget {
+                    pipeline: h.pipeline.clone(),
+                    consumer: h.consumer.clone(),
+                })
+                .collect(),
+        ));
         let reporter = {
             let stats = stats.clone();
             tokio::spawn(async move {
@@ -234,7 +269,7 @@ impl Host {
                 loop {
                     tick.tick().await;
                     for (name, s) in &stats {
-                        tracing::info!(handler = %name, "stats {}", s.snapshot());
+                        tracing::debug!(handler = %name, "stats {}", s.snapshot());
                     }
                 }
             })
@@ -261,6 +296,7 @@ impl Host {
             let _ = t.await;
         }
         reporter.abort();
+        gauges.abort();
         clock_reader.abort();
         pruner.abort();
         let _ = pruner.await;
@@ -278,8 +314,10 @@ async fn consume(
     mut deliveries: Deliveries,
     gate: Arc<DbGate>,
     stop: CancellationToken,
+    consuming: Arc<AtomicBool>,
     lost: Lost,
 ) {
+    consuming.store(true, Relaxed);
     let slots = Arc::new(tokio::sync::Semaphore::new(
         pipeline.config().concurrency.max(1),
     ));
@@ -416,9 +454,7 @@ async fn prune_forever(db: Arc<Database>, handlers: Vec<PruneTarget>) {
             Ok(PrunePass::Pruned(counts)) => {
                 for (h, n) in handlers.iter().zip(counts) {
                     if n > 0 {
-                        h.stats
-                            .receipts_pruned
-                            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        h.stats.receipts_pruned.add(n);
                         tracing::info!(handler = %h.name, pruned = n, "pruned receipts older than the retention window");
                     }
                 }
@@ -449,6 +485,51 @@ async fn read_clocks_forever(
                 Ok((broker_ms, at)) => clock.set(broker_ms, at),
                 Err(e) => {
                     tracing::debug!(%stream, error = %e, "broker clock not read; the last reading goes on")
+                }
+            }
+        }
+    }
+}
+
+/// One handler as the gauge refresh sees it.
+struct GaugeTarget {
+    pipeline: Arc<Pipeline>,
+    consumer:
+        async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
+}
+
+/// Every [`GAUGE_REFRESH`], per handler: the consumer's pending and
+/// ack-pending counts from the broker's consumer info, and the receipts'
+/// row count and oldest publish time ([`Database::receipt_gauges`], cheap
+/// on a large table), its age measured on the broker's clock. A reading
+/// that fails keeps the last value (logged at debug: the broker or
+/// database being away is reported elsewhere).
+async fn refresh_gauges_forever(db: Arc<Database>, mut handlers: Vec<GaugeTarget>) {
+    let mut tick = tokio::time::interval(GAUGE_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for h in &mut handlers {
+            let stats = h.pipeline.stats();
+            match h.consumer.info().await {
+                Ok(info) => stats.set_consumer(
+                    info.num_pending,
+                    u64::try_from(info.num_ack_pending).unwrap_or(0),
+                ),
+                Err(e) => {
+                    tracing::debug!(handler = %h.pipeline.name(), error = %e, "consumer info not read for the metrics")
+                }
+            }
+            match db.receipt_gauges(h.pipeline.name()).await {
+                Ok(g) => {
+                    let now_ms = h.pipeline.clock().now_ms();
+                    let age = g.oldest_ms.map(|oldest| {
+                        Duration::from_millis(u64::try_from(now_ms - oldest).unwrap_or(0))
+                    });
+                    stats.set_receipts(g.rows, age);
+                }
+                Err(e) => {
+                    tracing::debug!(handler = %h.pipeline.name(), error = %e, "receipts not read for the metrics")
                 }
             }
         }

@@ -322,6 +322,7 @@ pub fn add_stats(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
         log_bytes_dropped: a.log_bytes_dropped + b.log_bytes_dropped,
         db_pauses: a.db_pauses + b.db_pauses,
         receipts_pruned: a.receipts_pruned + b.receipts_pruned,
+        unique_violations: a.unique_violations + b.unique_violations,
     }
 }
 
@@ -345,6 +346,7 @@ pub fn last_stats(text: &str) -> Option<StatsSnapshot> {
             "ack_failures" => s.ack_failures = v,
             "log_bytes_dropped" => s.log_bytes_dropped = v,
             "receipts_pruned" => s.receipts_pruned = v,
+            "unique_violations" => s.unique_violations = v,
             _ => {}
         }
     }
@@ -395,7 +397,8 @@ impl HostProcess {
             .arg(config)
             .env(
                 "RUST_LOG",
-                std::env::var("IDEM_CHAOS_LOG").unwrap_or_else(|_| "info,async_nats=warn".into()),
+                std::env::var("IDEM_CHAOS_LOG")
+                    .unwrap_or_else(|_| "info,async_nats=warn,idem::service=debug".into()),
             )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())

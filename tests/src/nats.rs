@@ -75,6 +75,20 @@ impl Nats {
         self.spawn();
     }
 
+    /// Kills the server (SIGKILL); [`Nats::start_again`] brings it back.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a stopped server again on the same port and store directory.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "nats-server is running");
+        self.spawn();
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

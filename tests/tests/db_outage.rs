@@ -66,7 +66,8 @@ impl HostProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
             .args(["run", "--config"])
             .arg(config)
-            .env("RUST_LOG", "info,async_nats=warn")
+            // The periodic stats line is at debug.
+            .env("RUST_LOG", "info,async_nats=warn,idem::service=debug")
             .env_remove("IDEM_FAULT")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())

@@ -87,7 +87,7 @@ impl Redriver {
             return Ok(Redriven::Gone);
         }
         match self.handler.apply(tx, message(row), || None).await {
-            Ok(Applied::Committed) => Ok(Redriven::Processed),
+            Ok(Applied::Committed(_)) => Ok(Redriven::Processed),
             Ok(Applied::Duplicate(tx)) => Ok(match tx.commit().await {
                 Ok(()) => Redriven::AlreadyProcessed,
                 Err(e) => Redriven::CommitUnknown(e.to_string()),

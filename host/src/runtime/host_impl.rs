@@ -12,8 +12,9 @@ use super::Limits;
 use super::bindings::{DbError, Level, Rows, Value, idem::handler};
 use super::guest_log::LogSink;
 use super::wasi::WasiState;
+use crate::metrics::HandlerStats;
 use crate::sql_guard::SqlGuard;
-use crate::store::{SqlValue, StatementError, Tx};
+use crate::store::{DbErrorKind, SqlValue, StatementError, Tx};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime_wasi::{WasiCtxView, WasiView};
@@ -43,6 +44,8 @@ pub(crate) struct HostState {
     /// with WASI can make one.
     wasi: Option<Box<WasiState>>,
     pub(crate) stop: Option<Stop>,
+    /// The handler's counters (`unique_violations`).
+    stats: Arc<HandlerStats>,
 }
 
 impl HostState {
@@ -53,6 +56,7 @@ impl HostState {
         guard: Arc<SqlGuard>,
         limits: Limits,
         deadline: Instant,
+        stats: Arc<HandlerStats>,
     ) -> Self {
         let log = LogSink::new(handler, message_id, limits.max_log_bytes);
         Self {
@@ -65,6 +69,7 @@ impl HostState {
             log,
             wasi: None,
             stop: None,
+            stats,
         }
     }
 
@@ -103,9 +108,11 @@ impl HostState {
 /// Awaits one statement, bounded by what is left of the message's deadline.
 /// A deadline that runs out here is a trap, not an error value: the guest must
 /// not go on; nor may it when the statement cost the host its transaction.
+/// A statement that failed on a unique constraint is counted in `stats`.
 async fn within<T>(
     deadline: Instant,
     stop: &mut Option<Stop>,
+    stats: &HandlerStats,
     statement: impl Future<Output = Result<T, StatementError>>,
 ) -> wasmtime::Result<Result<T, DbError>> {
     let left = deadline.saturating_duration_since(Instant::now());
@@ -117,7 +124,12 @@ async fn within<T>(
     }
     match tokio::time::timeout(left, statement).await {
         Ok(Ok(v)) => Ok(Ok(v)),
-        Ok(Err(StatementError::Failed(e))) => Ok(Err(DbError::from(e))),
+        Ok(Err(StatementError::Failed(e))) => {
+            if e.kind == DbErrorKind::UniqueViolation {
+                HandlerStats::incr(&stats.unique_violations);
+            }
+            Ok(Err(DbError::from(e)))
+        }
         Ok(Err(StatementError::TransactionLost(why))) => Err(wasmtime::format_err!("{why}")),
         Err(_) => {
             *stop = Some(Stop::Deadline);
@@ -143,6 +155,7 @@ impl handler::transaction::Host for HostState {
         within(
             self.deadline,
             &mut self.stop,
+            &self.stats,
             self.tx.execute(&sql, &params),
         )
         .await
@@ -165,6 +178,7 @@ impl handler::transaction::Host for HostState {
         let rows = within(
             self.deadline,
             &mut self.stop,
+            &self.stats,
             self.tx.query(&sql, &params, max_rows, left),
         )
         .await?;

@@ -51,6 +51,10 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
 
+/// The WIT package every handler component implements (`wit/handler.wit`),
+/// as exported in `idem_handler_info`.
+pub const WIT_PACKAGE: &str = "idem:handler@0.1.0";
+
 /// How often the epoch advances: the granularity of deadlines and of a
 /// running guest's yields to the executor.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -117,7 +121,8 @@ pub struct Invocation {
     /// What the call may use.
     pub limits: Limits,
     /// The handler's counters: the runtime adds the guest log bytes the
-    /// per-message cap dropped to `log_bytes_dropped`.
+    /// per-message cap dropped to `log_bytes_dropped`, and the guest
+    /// statements that failed on a unique constraint to `unique_violations`.
     pub stats: Arc<crate::metrics::HandlerStats>,
 }
 
@@ -316,6 +321,7 @@ impl Runtime {
             call.guard.clone(),
             limits.clone(),
             deadline,
+            call.stats.clone(),
         );
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
@@ -375,10 +381,9 @@ impl Runtime {
         };
         let state = store.into_data();
         let dropped = state.log.lock().finish();
-        call.stats.log_bytes_dropped.fetch_add(
-            u64::try_from(dropped).unwrap_or(u64::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        call.stats
+            .log_bytes_dropped
+            .add(u64::try_from(dropped).unwrap_or(u64::MAX));
         if let Err(failure) = &result {
             tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
         }

@@ -50,7 +50,7 @@ mod transaction;
 pub use admin::{ReceiptRow, ReceiptSummary};
 pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
-pub use receipts::Receipt;
+pub use receipts::{Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 
 pub use crate::sql_value::{DbError, DbErrorKind, Rows, SqlValue, StatementError};

@@ -20,7 +20,36 @@ pub struct Receipt<'a> {
     pub published_ms: i64,
 }
 
+/// One consumer's receipts as the metrics see them, from
+/// [`Database::receipt_gauges`]: cheap on a large table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiptGauges {
+    /// The consumer's receipts: on PostgreSQL the planner's estimate (from
+    /// the statistics autovacuum's ANALYZE keeps; no row is read), on
+    /// SQLite the exact count through the `(consumer, published_ms)` index.
+    pub rows: u64,
+    /// The oldest receipt's publish time, Unix ms on the broker's clock;
+    /// `None` without receipts.
+    pub oldest_ms: Option<i64>,
+}
+
 impl Database {
+    /// [`ReceiptGauges`] of `consumer`: its row count (estimated on
+    /// PostgreSQL) and its oldest publish time (one step down the
+    /// `(consumer, published_ms)` index).
+    ///
+    /// # Errors
+    /// A query fails.
+    pub async fn receipt_gauges(&self, consumer: &str) -> Result<ReceiptGauges, StoreError> {
+        let (rows, oldest_ms) = dispatch!(&self.0, b => b.receipt_gauges(consumer).await)?;
+        // No oldest receipt: none at all, whatever an estimate says.
+        let rows = if oldest_ms.is_some() { rows } else { 0 };
+        Ok(ReceiptGauges {
+            rows: u64::try_from(rows).unwrap_or(0),
+            oldest_ms,
+        })
+    }
+
     /// How many receipts `consumer` has (committed ones only).
     ///
     /// # Errors

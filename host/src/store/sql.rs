@@ -25,6 +25,11 @@ pub(super) const INSERT_DEAD_LETTER: &str = "INSERT INTO idem_dead_letters
 /// `$1`'s receipts.
 pub(super) const RECEIPT_COUNT: &str = "SELECT count(*) FROM idem_receipts WHERE consumer = $1";
 
+/// `$1`'s oldest receipt's publish time: one step down the
+/// `(consumer, published_ms)` index.
+pub(super) const OLDEST_RECEIPT: &str =
+    "SELECT min(published_ms) FROM idem_receipts WHERE consumer = $1";
+
 /// `$1`'s receipt count and publish-time span.
 pub(super) const RECEIPT_SUMMARY: &str = "SELECT count(*), min(published_ms), max(published_ms)
                                FROM idem_receipts WHERE consumer = $1";

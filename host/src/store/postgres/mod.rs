@@ -181,6 +181,32 @@ impl Pool {
         Ok(())
     }
 
+    /// `(rows, oldest published_ms)`: the planner's estimate of the
+    /// consumer's receipts (the `rows=` of the plan's top node, from the
+    /// statistics ANALYZE keeps; no row is read) and the oldest publish time
+    /// through the `(consumer, published_ms)` index.
+    pub(super) async fn receipt_gauges(
+        &self,
+        consumer: &str,
+    ) -> Result<(i64, Option<i64>), sqlx::Error> {
+        let plan: Vec<String> =
+            sqlx::query_scalar("EXPLAIN SELECT 1 FROM idem_receipts WHERE consumer = $1")
+                .bind(consumer)
+                .fetch_all(&self.0)
+                .await?;
+        let rows = plan
+            .first()
+            .and_then(|top| top.split("rows=").nth(1))
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|r| r.parse::<i64>().ok())
+            .unwrap_or(0);
+        let oldest = sqlx::query_scalar(sql::OLDEST_RECEIPT)
+            .bind(consumer)
+            .fetch_one(&self.0)
+            .await?;
+        Ok((rows, oldest))
+    }
+
     pub(super) async fn receipt_count(&self, consumer: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(sql::RECEIPT_COUNT)
             .bind(consumer)

@@ -209,6 +209,17 @@ impl Pool {
         tx.commit().await
     }
 
+    /// `(rows, oldest published_ms)`: SQLite keeps no row estimate, so
+    /// the count is exact, read from the `(consumer, published_ms)` index
+    /// (never the table's rows), as is the oldest publish time.
+    pub(super) async fn receipt_gauges(
+        &self,
+        consumer: &str,
+    ) -> Result<(i64, Option<i64>), sqlx::Error> {
+        let (rows, oldest, _newest) = self.receipt_summary(consumer).await?;
+        Ok((rows, oldest))
+    }
+
     pub(super) async fn receipt_count(&self, consumer: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(sql::RECEIPT_COUNT)
             .bind(consumer)
