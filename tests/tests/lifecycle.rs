@@ -233,10 +233,20 @@ async fn a_delivery_still_running_at_the_end_of_the_grace_is_rolled_back_and_run
     let js = nats.jetstream().await;
     let probe = Probe::new(&db);
 
-    let a = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "a");
-    let a_log = a.log.clone();
+    // Both hosts consume before the message exists (a host starting while
+    // another holds the message's transaction open waits for it at start);
+    // the one that takes it is stopped. Stats lines at debug say which.
+    let env = [("RUST_LOG", "info,async_nats=warn,idem=debug")];
+    let one = HostProcess::spawn_with_env(host_bin(), &cfg, &env, dir.path(), "one");
+    let two = HostProcess::spawn_with_env(host_bin(), &cfg, &env, dir.path(), "two");
     wait_for_log(
-        &a_log,
+        &one.log,
+        "every handler is consuming",
+        Duration::from_secs(60),
+    )
+    .await;
+    wait_for_log(
+        &two.log,
         "every handler is consuming",
         Duration::from_secs(60),
     )
@@ -246,25 +256,22 @@ async fn a_delivery_still_running_at_the_end_of_the_grace_is_rolled_back_and_run
     })
     .to_string();
     publish(&js, SUBJECT, &payload, &[]).await;
-    // Host a has it (delivered, unacknowledged) before host b exists.
+    let taken = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .contains("stats delivered=1 ")
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(info) = consumer_info(&js, STREAM, HANDLER).await
-            && info.num_pending == 0
-            && info.num_ack_pending == 1
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "host a did not take the message");
+    while !taken(&one.log) && !taken(&two.log) {
+        assert!(Instant::now() < deadline, "no host took the message");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let b = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "b");
-    wait_for_log(
-        &b.log,
-        "every handler is consuming",
-        Duration::from_secs(60),
-    )
-    .await;
+    let (a, b) = if taken(&one.log) {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    let a_log = a.log.clone();
 
     let (a_status, a_stats, a_took) = sigterm(a, Duration::from_secs(30)).await;
     assert!(
