@@ -325,16 +325,28 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Pings from the start: a slow start (big components) must not look hung.
+    let watchdog = crate::systemd::spawn_watchdog();
     let host = Host::start(&config).await?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     if let Some(server) = &server {
         server.attach(host.readiness(shutdown.clone()));
     }
     let signal = shutdown.clone();
+    let grace = config.service.shutdown_grace;
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutdown requested; finishing messages in flight");
+        let first = shutdown_signal().await;
+        tracing::info!(
+            "{first} received: shutting down; deliveries in flight get {} to finish (a second signal exits at once)",
+            humantime::format_duration(grace)
+        );
+        crate::systemd::stopping();
         signal.cancel();
+        let second = shutdown_signal().await;
+        tracing::warn!(
+            "{second} received again: exiting at once with status 1; deliveries in flight are rolled back and redelivered after ack_wait"
+        );
+        std::process::exit(1);
     });
     let mode = if drain {
         RunMode::Drain
@@ -346,13 +358,17 @@ async fn run(config: &std::path::Path, drain: bool) -> anyhow::Result<()> {
         println!("handler {name}: {s}");
     }
     drop(server);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     match failure.get() {
         Some(why) => anyhow::bail!("{why}"),
         None => Ok(()),
     }
 }
 
-async fn shutdown_signal() {
+/// Waits for SIGINT or SIGTERM and says which came.
+async fn shutdown_signal() -> &'static str {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -360,13 +376,13 @@ async fn shutdown_signal() {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         {
             tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
+                _ = ctrl_c => return "SIGINT",
+                _ = term.recv() => return "SIGTERM",
             }
-            return;
         }
     }
     let _ = ctrl_c.await;
+    "SIGINT"
 }
 
 fn one_line(e: &anyhow::Error) -> String {

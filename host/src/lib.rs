@@ -26,10 +26,12 @@ pub mod publish;
 pub mod runtime;
 pub mod secret;
 pub mod service;
+pub mod shutdown;
 pub mod sql_guard;
 pub mod sql_value;
 pub mod start;
 pub mod store;
+pub mod systemd;
 pub mod verdict;
 
 /// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's

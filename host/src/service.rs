@@ -12,6 +12,7 @@ use crate::handler::PreparedHandler;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
 use crate::runtime::{LoadOptions, Runtime};
+use crate::shutdown::{self, InFlight};
 use crate::store::{Database, PrunePass};
 use anyhow::Context as _;
 use std::sync::Arc;
@@ -34,6 +35,9 @@ pub struct Host {
     /// The broker's clock per stream (the stream leader's, which stamps its
     /// messages), refreshed while running.
     clocks: Vec<(String, Arc<BrokerClock>)>,
+    /// `[service] shutdown_grace`: how long deliveries in flight may take
+    /// to finish once the host stops (ARCHITECTURE.md, "Shutdown").
+    grace: Duration,
 }
 
 /// The consumers' `max_ack_pending` on the broker.
@@ -172,6 +176,7 @@ impl Host {
             stop,
             failure: Arc::default(),
             clocks,
+            grace: config.service.shutdown_grace,
         })
     }
 
@@ -209,12 +214,18 @@ impl Host {
     }
 
     /// Runs until `shutdown` is cancelled (or drained, in
-    /// [`RunMode::Drain`]). A message in flight at shutdown finishes its
-    /// protocol step first.
+    /// [`RunMode::Drain`]). Tells the service manager `READY=1` once every
+    /// handler is consuming ([`crate::systemd`]). At shutdown, fetching
+    /// stops, messages fetched but not started are given back, and the
+    /// deliveries in flight get `[service] shutdown_grace` to finish before
+    /// they are abandoned (rolled back, given back): [`shutdown::wind_down`].
     pub async fn run(self, mode: RunMode, shutdown: CancellationToken) -> Summary {
         let stop = self.stop.clone();
         let mut tasks = Vec::new();
+        let mut consuming = Vec::new();
         for h in &self.handlers {
+            let (ready, consumes) = tokio::sync::oneshot::channel();
+            consuming.push(consumes);
             tasks.push(tokio::spawn(consume(
                 h.pipeline.clone(),
                 Deliveries::new(
@@ -232,8 +243,21 @@ impl Host {
                     stop: stop.clone(),
                     failure: self.failure.clone(),
                 },
+                Stopping {
+                    grace: self.grace,
+                    ready,
+                },
             )));
         }
+        let readiness = tokio::spawn(async move {
+            for consumes in consuming {
+                if consumes.await.is_err() {
+                    return;
+                }
+            }
+            tracing::info!("every handler is consuming");
+            crate::systemd::ready();
+        });
         let stats = self.stats();
         let pruner = tokio::spawn(prune_forever(
             self.db.clone(),
@@ -295,6 +319,17 @@ impl Host {
         for t in tasks {
             let _ = t.await;
         }
+        // The naks of the messages given back must leave before the process does.
+        let client = self.nats.js.client();
+        if tokio::time::timeout(Duration::from_secs(5), client.flush())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the broker did not take the last naks within 5s; those messages are redelivered after ack_wait"
+            );
+        }
+        readiness.abort();
         reporter.abort();
         gauges.abort();
         clock_reader.abort();
@@ -307,8 +342,8 @@ impl Host {
 /// One handler's consuming loop: up to `concurrency` messages in flight,
 /// each running the whole protocol in its own task. Fetches nothing while the
 /// database is down (the open pull request is dropped, see
-/// [`Deliveries::pause`]). At stop, takes no new message and waits for the
-/// ones in flight to settle.
+/// [`Deliveries::pause`]). Says it consumes through `stopping.ready` once
+/// its pull request is out. At stop, [`shutdown::wind_down`].
 async fn consume(
     pipeline: Arc<Pipeline>,
     mut deliveries: Deliveries,
@@ -316,12 +351,19 @@ async fn consume(
     stop: CancellationToken,
     consuming: Arc<AtomicBool>,
     lost: Lost,
+    stopping: Stopping,
 ) {
     consuming.store(true, Relaxed);
     let slots = Arc::new(tokio::sync::Semaphore::new(
         pipeline.config().concurrency.max(1),
     ));
-    let mut in_flight = tokio::task::JoinSet::new();
+    let mut in_flight = InFlight::default();
+    let mut ready = Some(stopping.ready);
+    if deliveries.open().await.is_ok()
+        && let Some(ready) = ready.take()
+    {
+        let _ = ready.send(());
+    }
     loop {
         let slot = tokio::select! {
             biased;
@@ -349,18 +391,24 @@ async fn consume(
                 break;
             }
         };
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
         let p = pipeline.clone();
-        in_flight.spawn(async move {
+        in_flight.spawn(msg.clone(), async move {
             p.process(&msg).await;
             drop(slot);
         });
-        while let Some(done) = in_flight.try_join_next() {
-            if let Err(e) = done {
-                tracing::error!(handler = %pipeline.name(), error = %e, "a message task failed; its message is redelivered after ack_wait");
-            }
-        }
+        in_flight.reap(pipeline.name());
     }
-    while in_flight.join_next().await.is_some() {}
+    shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
+}
+
+/// What a handler's consuming loop needs for its start and stop: the
+/// shutdown grace, and where to say it consumes.
+struct Stopping {
+    grace: Duration,
+    ready: tokio::sync::oneshot::Sender<()>,
 }
 
 /// Says clearly when a durable consumer idem just created is about to run

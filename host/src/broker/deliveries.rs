@@ -193,6 +193,53 @@ impl Deliveries {
         }
     }
 
+    /// Opens the pull stream (the server starts sending messages) unless it
+    /// is open. Called once before the first [`Deliveries::next`], so that a
+    /// handler counts as consuming (`READY=1`, see [`crate::systemd`]) only
+    /// once its pull request is out; an error here is left for `next` to
+    /// retry and report.
+    ///
+    /// # Errors
+    /// The client's error when the pull stream cannot be started.
+    pub async fn open(&mut self) -> Result<(), jetstream::consumer::StreamError> {
+        if self.stream.is_none() {
+            let stream = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.batch)
+                .heartbeat(PULL_HEARTBEAT)
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await?;
+            self.stream = Some(stream);
+        }
+        Ok(())
+    }
+
+    /// Stops fetching at shutdown and hands back the messages already
+    /// fetched but never given out by [`Deliveries::next`] (buffered in the
+    /// pull stream, up to about one and a half `batch`), for the caller to
+    /// nak without delay so another host gets them at once
+    /// (ARCHITECTURE.md, "Shutdown"). The pull stream is closed: a message
+    /// the server sent after this is redelivered after `ack_wait`.
+    pub fn release_buffered(&mut self) -> Vec<jetstream::Message> {
+        use futures::FutureExt as _;
+        let mut buffered = Vec::new();
+        let Some(mut stream) = self.stream.take() else {
+            return buffered;
+        };
+        // Only what is already here: `now_or_never` never waits. Bounded, in
+        // case the stream keeps yielding error items.
+        for _ in 0..self.batch.saturating_mul(4).saturating_add(16) {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(msg))) => buffered.push(msg),
+                Some(Some(Err(_))) => {}
+                Some(None) | None => break,
+            }
+        }
+        buffered
+    }
+
     /// The next message. A broker error is logged, and the pull starts again
     /// after a backoff (the consumer created again first if it is gone).
     ///
@@ -203,25 +250,12 @@ impl Deliveries {
         let mut waits = backoff::doubling(Duration::from_millis(100), Duration::from_secs(5));
         self.refresh_ack_floor().await;
         loop {
-            if self.stream.is_none() {
-                match self
-                    .consumer
-                    .stream()
-                    .max_messages_per_batch(self.batch)
-                    .heartbeat(PULL_HEARTBEAT)
-                    .expires(PULL_EXPIRES)
-                    .messages()
-                    .await
-                {
-                    Ok(s) => self.stream = Some(s),
-                    Err(e) => {
-                        let wait = next_wait(&mut waits);
-                        tracing::warn!(handler = %self.handler.name, error = %e, "cannot start pulling; retrying in {wait:?}");
-                        tokio::time::sleep(wait).await;
-                        self.restore().await?;
-                        continue;
-                    }
-                }
+            if let Err(e) = self.open().await {
+                let wait = next_wait(&mut waits);
+                tracing::warn!(handler = %self.handler.name, error = %e, "cannot start pulling; retrying in {wait:?}");
+                tokio::time::sleep(wait).await;
+                self.restore().await?;
+                continue;
             }
             let Some(stream) = self.stream.as_mut() else {
                 continue;

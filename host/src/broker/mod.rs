@@ -315,6 +315,10 @@ pub enum Settlement {
     Ack,
     /// Negative ack (`-NAK` with a delay): deliver again after it.
     Nak(Duration),
+    /// Negative ack without delay (`-NAK`): a delivery this host fetched but
+    /// did not run, or abandoned at the end of the shutdown grace, given
+    /// back so another host takes it at once.
+    Release,
     /// Terminate (`+TERM`, confirmed): never deliver it again. Only after a
     /// durable dead letter.
     Term,
@@ -333,6 +337,7 @@ pub async fn settle(
     match settlement {
         Settlement::Ack => msg.double_ack().await,
         Settlement::Nak(delay) => msg.ack_with(AckKind::Nak(Some(delay))).await,
+        Settlement::Release => msg.ack_with(AckKind::Nak(None)).await,
         Settlement::Term => msg.double_ack_with(AckKind::Term).await,
     }
 }

@@ -12,6 +12,10 @@
 //! - `log` `{bytes, lines?}`: logs `lines` lines (default 1) of `bytes` bytes each.
 //! - `retry-once-then-credit` `{account_id, amount}`: retries on the first
 //!   delivery, credits on later ones.
+//! - `credit-then-loop-once` `{account_id, amount}`: credits, then on the
+//!   first delivery spins (until the host's deadline, or until the host
+//!   drops the call at the end of its shutdown grace); on later deliveries
+//!   returns after the credit.
 //! - `credit-then` `{account_id, amount, then: {op, ...}}`: credits, then
 //!   behaves as the `then` object says (so a test sees a hostile step roll
 //!   back an earlier write of the same message).
@@ -257,6 +261,14 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
         }
         "steps" => steps(p),
         "many-texts" => many_texts(p),
+        "credit-then-loop-once" => {
+            credit(p)?;
+            let mut n: u64 = 0;
+            while msg.delivery_count <= 1 {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+            Ok(())
+        }
         "retry-once-then-credit" => {
             if msg.delivery_count <= 1 {
                 Err(HandlerError::retry("first delivery"))

@@ -1,0 +1,130 @@
+//! How one handler's consuming loop stops (ARCHITECTURE.md, "Shutdown"):
+//! the deliveries it runs ([`InFlight`]), and [`wind_down`], which gives
+//! back what was fetched but not started, lets what runs finish within the
+//! grace, and abandons the rest (rolled back, given back for another host).
+
+use crate::broker::{self, Deliveries, Settlement};
+use async_nats::jetstream::Message;
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio::task::{Id, JoinError, JoinSet};
+
+/// The deliveries one handler is running, each in its own task, with a copy
+/// of its message so that an abandoned one can be given back to the broker.
+#[derive(Default)]
+pub struct InFlight {
+    tasks: JoinSet<()>,
+    messages: HashMap<Id, Message>,
+}
+
+impl InFlight {
+    /// Runs `work` (the protocol for the delivery `msg`, a cheap copy of
+    /// it) in a task of its own.
+    pub fn spawn(&mut self, msg: Message, work: impl Future<Output = ()> + Send + 'static) {
+        let task = self.tasks.spawn(work);
+        self.messages.insert(task.id(), msg);
+    }
+
+    /// Forgets the deliveries that have finished, without waiting; a task
+    /// that failed (panicked) is logged: its message is redelivered after
+    /// `ack_wait`.
+    pub fn reap(&mut self, handler: &str) {
+        while let Some(done) = self.tasks.try_join_next_with_id() {
+            self.finished(handler, done);
+        }
+    }
+
+    /// Deliveries still running.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// No delivery is running.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    fn finished(&mut self, handler: &str, done: Result<(Id, ()), JoinError>) {
+        match done {
+            Ok((id, ())) => {
+                self.messages.remove(&id);
+            }
+            Err(e) if e.is_cancelled() => {
+                // Abandoned: its message stays to be given back.
+            }
+            Err(e) => {
+                self.messages.remove(&e.id());
+                tracing::error!(%handler, error = %e, "a message task failed; its message is redelivered after ack_wait");
+            }
+        }
+    }
+}
+
+/// Stops one handler's consuming: naks without delay the messages fetched
+/// but never started ([`Deliveries::release_buffered`]: never run, so
+/// neither retried nor dead-lettered, and not counted); waits up to `grace`
+/// for the deliveries in flight to finish their protocol (commit and ack,
+/// their in-progress keep-alive running); then abandons the rest: their
+/// tasks are dropped, which drops their transactions (rolled back), and
+/// their messages are naked without delay for another host. One log line at
+/// each phase. Returns how many deliveries were abandoned.
+pub async fn wind_down(
+    handler: &str,
+    deliveries: &mut Deliveries,
+    mut in_flight: InFlight,
+    grace: Duration,
+) -> usize {
+    let released = deliveries.release_buffered();
+    for msg in &released {
+        give_back(handler, msg).await;
+    }
+    in_flight.reap(handler);
+    tracing::info!(
+        %handler,
+        released = released.len(),
+        in_flight = in_flight.len(),
+        "stopping: fetching stopped, {} fetched messages given back, {} in flight, grace {}",
+        released.len(),
+        in_flight.len(),
+        humantime::format_duration(grace)
+    );
+    let deadline = tokio::time::Instant::now() + grace;
+    while !in_flight.is_empty() {
+        match tokio::time::timeout_at(deadline, in_flight.tasks.join_next_with_id()).await {
+            Ok(Some(done)) => in_flight.finished(handler, done),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    if in_flight.is_empty() {
+        tracing::info!(%handler, "stopped: every delivery in flight finished");
+        return 0;
+    }
+    in_flight.tasks.abort_all();
+    while let Some(done) = in_flight.tasks.join_next_with_id().await {
+        in_flight.finished(handler, done);
+    }
+    let abandoned = in_flight.messages.len();
+    for msg in in_flight.messages.values() {
+        give_back(handler, msg).await;
+    }
+    if abandoned > 0 {
+        tracing::warn!(
+            %handler,
+            abandoned,
+            "stopped: grace of {} over; {abandoned} deliveries abandoned, rolled back and given back for redelivery",
+            humantime::format_duration(grace)
+        );
+    } else {
+        tracing::info!(%handler, "stopped: every delivery in flight finished");
+    }
+    abandoned
+}
+
+/// Naks `msg` without delay ([`Settlement::Release`]); a failure leaves it
+/// to `ack_wait`.
+async fn give_back(handler: &str, msg: &Message) {
+    if let Err(e) = broker::settle(msg, Settlement::Release).await {
+        tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");
+    }
+}
