@@ -20,6 +20,7 @@ pub mod handler;
 pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
+pub mod progress;
 pub mod publish;
 pub mod runtime;
 pub mod service;
