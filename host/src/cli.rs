@@ -54,6 +54,9 @@ pub enum Command {
         #[command(subcommand)]
         command: ReceiptsCommand,
     },
+    /// Run a handler again over a range of its stream; what its receipts
+    /// show as applied is counted as a duplicate and changes nothing.
+    Replay(admin::replay::ReplayArgs),
 }
 
 /// `--config`, as `idem run` takes it.
@@ -175,6 +178,7 @@ pub async fn main() -> i32 {
             .map(|n| println!("published {n} messages to {subject}")),
         Command::Dlq { command } => dlq(command).await,
         Command::Receipts { command } => receipts(command).await,
+        Command::Replay(args) => admin::replay::run(args).await,
     };
     match result {
         Ok(()) => 0,
