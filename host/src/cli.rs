@@ -70,6 +70,9 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Run a handler again over a range of its stream; what its receipts
+    /// show as applied is counted as a duplicate and changes nothing.
+    Replay(admin::replay::ReplayArgs),
 }
 
 /// `idem config …`.
@@ -208,6 +211,7 @@ pub async fn main() -> i32 {
         Command::Config {
             command: ConfigCommand::Check { config },
         } => return config_check(&config.config),
+        Command::Replay(args) => admin::replay::run(args).await,
     };
     match result {
         Ok(()) => 0,

@@ -22,6 +22,7 @@ pub mod http;
 pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
+pub mod progress;
 pub mod publish;
 pub mod runtime;
 pub mod secret;

@@ -57,6 +57,9 @@ pub struct Pipeline {
     db: Arc<Database>,
     /// The host's database availability gate, shared by every handler.
     gate: Arc<DbGate>,
+    /// Whether a message beyond the retention horizon is quarantined (always,
+    /// but in a replay under a fresh name: [`Pipeline::without_horizon`]).
+    horizon: bool,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -95,7 +98,17 @@ impl Pipeline {
             clock,
             db,
             gate,
+            horizon: true,
         }
+    }
+
+    /// This pipeline runs a message beyond the retention horizon instead of
+    /// quarantining it. Only for `idem replay --as` a name no configured
+    /// handler has, whose receipts no host prunes (ARCHITECTURE.md
+    /// invariant 7).
+    pub fn without_horizon(mut self) -> Self {
+        self.horizon = false;
+        self
     }
 
     /// The handler's name (= its durable consumer's name).
@@ -294,7 +307,11 @@ impl Pipeline {
         // proven new; quarantined before any guest code (ARCHITECTURE.md
         // invariant 7). Judged after the receipt insert, so a prune that
         // deleted the receipt before it is seen here.
-        let admit = || self.beyond_horizon(d.published_ms);
+        let admit = || {
+            self.horizon
+                .then(|| self.beyond_horizon(d.published_ms))
+                .flatten()
+        };
         match self.handler.apply(tx, msg, admit).await {
             Ok(Applied::Committed(timings)) => {
                 // COMMIT minus publish time, both on the broker's clock

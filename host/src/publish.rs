@@ -4,6 +4,7 @@
 
 use crate::config::IdentityRule;
 use crate::message_id;
+use crate::progress::{Progress, Unit};
 use anyhow::Context as _;
 use std::collections::VecDeque;
 use std::io::BufRead;
@@ -15,6 +16,7 @@ const IN_FLIGHT: usize = 256;
 /// Publishes every non-empty line of `file` to `subject`. With `msg_id`
 /// (a `json:/pointer`), each message carries that value in `Nats-Msg-Id`,
 /// which JetStream also uses for its own duplicate window. Returns the count.
+/// Shows its progress in bytes of the file on stderr ([`crate::progress`]).
 /// Errors: unreadable file, a line that is not JSON when `msg_id` is set, no
 /// stream capturing `subject`, broker unreachable.
 pub async fn publish_file(
@@ -27,10 +29,15 @@ pub async fn publish_file(
         .await?
         .js;
     let f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let size = f.metadata().map(|m| m.len()).ok();
+    let mut progress = Progress::new("publish", size, Unit::Bytes);
+    let mut read = 0u64;
     let mut pending = VecDeque::new();
     let mut count = 0u64;
     for (lineno, line) in std::io::BufReader::new(f).lines().enumerate() {
         let line = line.with_context(|| format!("cannot read {}", file.display()))?;
+        read += line.len() as u64 + 1;
+        progress.update(read, &format!("{count} messages"));
         if line.trim().is_empty() {
             continue;
         }
@@ -55,6 +62,7 @@ pub async fn publish_file(
     for a in pending {
         a.await.with_context(|| no_stream_hint(subject))?;
     }
+    progress.finish();
     Ok(count)
 }
 

@@ -444,8 +444,13 @@ struct Lost {
 /// retention window (its `max_age` unlimited or longer), unless the handler
 /// sets `accept_horizon_risk` (then a warning): such a message could find its
 /// receipt pruned and run twice. It would be quarantined by the pipeline, but
-/// a deployment should not rely on that by accident.
-async fn check_horizon(
+/// a deployment should not rely on that by accident. `idem replay` checks
+/// it too, unless it replays under a fresh name.
+///
+/// # Errors
+/// The stream keeps messages longer than the retention window (one line
+/// saying what to change), or it cannot be read.
+pub async fn check_horizon(
     js: &async_nats::jetstream::Context,
     h: &crate::config::HandlerConfig,
 ) -> anyhow::Result<()> {

@@ -1,6 +1,8 @@
-//! Operator commands on the database only (never the broker):
+//! Operator commands: on the database only (never the broker),
 //! `idem dlq list|show|redrive|drop` ([`dlq`], [`redrive`]) and
-//! `idem receipts show|prune|forget` ([`receipts`]).
+//! `idem receipts show|prune|forget` ([`receipts`]; `prune` reads the
+//! broker's clock); and `idem replay` ([`replay`]), which runs a handler
+//! again over a range of its stream.
 //!
 //! Each command loads the same `idem.toml` as `idem run`, opens its
 //! `[database] url` without creating anything ([`Database::connect_existing`]),
@@ -10,6 +12,7 @@
 pub mod dlq;
 pub mod receipts;
 pub mod redrive;
+pub mod replay;
 
 use crate::config::{Config, HandlerConfig};
 use crate::store::Database;

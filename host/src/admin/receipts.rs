@@ -4,6 +4,7 @@
 use super::{count, printable, time};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::{Config, HandlerConfig};
+use crate::progress::{Progress, Unit};
 use crate::service::PRUNE_BATCH;
 use crate::store::{Database, PrunePass, ReceiptRow, ReceiptSummary};
 use anyhow::Context as _;
@@ -82,7 +83,8 @@ pub fn receipt_text(r: &ReceiptRow) -> String {
 /// lock, against the broker's clock read from each handler's stream), over
 /// every configured handler or one. Another host holding the lock is an
 /// error (nothing pruned; it is pruning now, run again later); so is a
-/// broker whose clock cannot be read (nothing pruned).
+/// broker whose clock cannot be read (nothing pruned). Shows the receipts
+/// deleted so far on stderr ([`crate::progress`]).
 pub async fn prune(config_path: &Path, name: Option<&str>) -> anyhow::Result<()> {
     let (config, db) = super::open(config_path).await?;
     let result = prune_on(&config, config_path, &db, name).await;
@@ -114,7 +116,21 @@ async fn prune_on(
         let now_ms = BrokerClock::new(broker_ms, at).now_ms();
         targets.push((&h.name, broker_clock::prune_cutoff(now_ms, h.retention)));
     }
-    match db.prune_pass(&targets, PRUNE_BATCH).await? {
+    let mut progress = Progress::new("prune", None, Unit::Items("receipts"));
+    let mut finished = 0u64;
+    let mut current = (0usize, 0u64);
+    let pass = db
+        .prune_pass_counted(&targets, PRUNE_BATCH, &mut |i, n| {
+            if i != current.0 {
+                finished += current.1;
+            }
+            current = (i, n);
+            let name = handlers.get(i).map_or("", |h| h.name.as_str());
+            progress.update(finished + n, &format!("handler {}", printable(name)));
+        })
+        .await;
+    progress.finish();
+    match pass? {
         PrunePass::Pruned(counts) => {
             for (h, n) in handlers.iter().zip(counts) {
                 let (handler, retention) = (&h.name, &h.retention);

@@ -67,13 +67,30 @@ impl Database {
         published_before_ms: i64,
         batch: u32,
     ) -> Result<u64, StoreError> {
+        self.prune_receipts_counted(consumer, published_before_ms, batch, &mut |_| {})
+            .await
+    }
+
+    /// [`Database::prune_receipts`], calling `deleted` with the running total
+    /// after every batch (progress for `idem receipts prune`).
+    ///
+    /// # Errors
+    /// A database error, after the batches before it were deleted.
+    pub async fn prune_receipts_counted(
+        &self,
+        consumer: &str,
+        published_before_ms: i64,
+        batch: u32,
+        deleted: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, StoreError> {
         let batch = batch.max(1);
         let mut total = 0u64;
         loop {
-            let deleted =
+            let n =
                 dispatch!(&self.0, b => b.prune_batch(consumer, published_before_ms, batch).await)?;
-            total += deleted;
-            if deleted < u64::from(batch) {
+            total += n;
+            deleted(total);
+            if n < u64::from(batch) {
                 return Ok(total);
             }
             tokio::time::sleep(BATCH_PAUSE).await;
@@ -100,14 +117,31 @@ impl Database {
         targets: &[(&str, i64)],
         batch: u32,
     ) -> Result<PrunePass, StoreError> {
+        self.prune_pass_counted(targets, batch, &mut |_, _| {})
+            .await
+    }
+
+    /// [`Database::prune_pass`], calling `deleted` with the target's index
+    /// and its running total after every batch.
+    ///
+    /// # Errors
+    /// As [`Database::prune_pass`].
+    pub async fn prune_pass_counted(
+        &self,
+        targets: &[(&str, i64)],
+        batch: u32,
+        deleted: &mut (dyn FnMut(usize, u64) + Send),
+    ) -> Result<PrunePass, StoreError> {
         let Some(lock) = self.try_prune_lock().await? else {
             return Ok(PrunePass::Skipped);
         };
         let mut pruned = Vec::with_capacity(targets.len());
-        for (consumer, published_before_ms) in targets {
+        for (i, (consumer, published_before_ms)) in targets.iter().enumerate() {
             pruned.push(
-                self.prune_receipts(consumer, *published_before_ms, batch)
-                    .await?,
+                self.prune_receipts_counted(consumer, *published_before_ms, batch, &mut |n| {
+                    deleted(i, n)
+                })
+                .await?,
             );
         }
         lock.release().await?;
