@@ -442,12 +442,21 @@ impl HostProcess {
     /// SIGTERM (clean shutdown: messages in flight finish), waiting up to
     /// `patience`, then SIGKILL. Stats from the shutdown summary on stdout
     /// (else the last periodic line).
-    pub fn terminate(mut self, patience: Duration) -> Ended {
-        let mut status = None;
-        if let Some(mut c) = self.child.take() {
+    pub fn terminate(self, patience: Duration) -> Ended {
+        if let Some(c) = &self.child {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
                 .status();
+        }
+        self.wait_exit(patience)
+    }
+
+    /// Waits up to `patience` for the host to exit by itself (after a
+    /// signal the test sent: a second SIGTERM would make it exit at once),
+    /// then SIGKILL. Stats as [`HostProcess::terminate`].
+    pub fn wait_exit(mut self, patience: Duration) -> Ended {
+        let mut status = None;
+        if let Some(mut c) = self.child.take() {
             let deadline = Instant::now() + patience;
             status = loop {
                 if let Ok(Some(s)) = c.try_wait() {

@@ -307,7 +307,7 @@ async fn readiness_turns_off_at_once_on_shutdown() {
         r#"{"ready":false,"reason":"shutting down"}"#
     );
     assert_eq!(get(port, "/healthz"), Some((200, "ok\n".to_string())));
-    let ended = host.terminate(Duration::from_secs(30));
+    let ended = host.wait_exit(Duration::from_secs(30));
     assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
 }
 
