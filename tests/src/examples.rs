@@ -12,7 +12,7 @@ use crate::{Backend, Nats, RunningHost, TestDb, create_stream, guest, publish, r
 use idem::config::{Config, HandlerConfig, IdentityRule};
 use serde_json::Value;
 use sqlx::Row;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The `[[handler]]` of `examples/<example>/idem.toml`, paths resolved.
@@ -194,7 +194,7 @@ pub async fn redelivery_after_crash(
 ) -> PathBuf {
     let name = e.name().to_string();
     let cfg = e.config("crash", &[&name], "ack_wait = \"2s\"");
-    let mut child = std::process::Command::new(test_host())
+    let mut child = std::process::Command::new(crate::test_host())
         .args(["run", "--config"])
         .arg(&cfg)
         .env("IDEM_FAULT", "abort-after-commit:1")
@@ -243,21 +243,6 @@ pub async fn redelivery_after_crash(
     assert_eq!(e.db.receipts(&name).await, 1);
     host.stop().await;
     cfg
-}
-
-/// The idem CLI with test-only fault points (`tests/src/bin/idem-test-host.rs`),
-/// built by cargo beside the test binaries.
-fn test_host() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/debug/deps/<test> -> target/debug/idem-test-host
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    let host = dir.join("idem-test-host");
-    assert!(
-        host.exists(),
-        "{} is missing: cargo builds it with the tests",
-        host.display()
-    );
-    host
 }
 
 /// Publishes `stream`; the shipped handler processes it and the rows of `sql`

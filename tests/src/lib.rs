@@ -15,7 +15,9 @@ mod db;
 pub mod examples;
 mod host;
 mod nats;
+pub mod nats_jwt;
 pub mod pg_cluster;
+pub mod tls;
 
 pub use arena::*;
 pub use db::*;
@@ -52,6 +54,46 @@ pub fn guest(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// The idem CLI with test-only fault points (`tests/src/bin/idem-test-host.rs`),
+/// built by cargo beside the test binaries.
+pub fn test_host() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/<test> -> target/debug/idem-test-host
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let host = dir.join("idem-test-host");
+    assert!(
+        host.exists(),
+        "{} is missing: cargo builds it with the tests",
+        host.display()
+    );
+    host
+}
+
+/// Runs the idem CLI ([`test_host`]) with `args` and `env` to its end:
+/// `(exit code, stdout, stderr)`. The variables in `env` are the only
+/// `IDEM_*` config (and `CREDENTIALS_DIRECTORY`) it sees: any the test
+/// runner has are removed first. Logging is off (`RUST_LOG=off`), so
+/// stderr holds only what the CLI prints itself (its one-line errors).
+pub fn idem_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(test_host());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IDEM_") || k == "CREDENTIALS_DIRECTORY" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A credit event payload.

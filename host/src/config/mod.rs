@@ -22,13 +22,16 @@
 //! of the config file; relative `*_file` paths against
 //! `$CREDENTIALS_DIRECTORY` when set, else that directory too.
 
+mod broker;
 mod handler;
 pub mod sources;
+
+pub use broker::{BrokerAuth, BrokerConfig};
 
 pub use handler::{HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_BATCH};
 pub use sources::Problem;
 
-use crate::secret::{Secret, redact_url};
+use crate::secret::redact_url;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -112,36 +115,9 @@ fn default_shutdown_grace() -> Duration {
     Duration::from_secs(30)
 }
 
-/// `[broker]`: the NATS server with JetStream enabled.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct BrokerConfig {
-    /// `nats://host:port`.
-    pub url: String,
-    /// A NATS token to authenticate with. After [`Config::load`] it also
-    /// holds what `token_file` names.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<Secret>,
-    /// A file holding the NATS token (a trailing newline is dropped). A
-    /// relative path is resolved against `$CREDENTIALS_DIRECTORY` when set,
-    /// else the config file's directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-}
-
-impl BrokerConfig {
-    /// A broker at `url`, without credentials (as `idem publish --broker` names one).
-    pub fn at(url: &str) -> Self {
-        BrokerConfig {
-            url: url.to_owned(),
-            token: None,
-            token_file: None,
-        }
-    }
-}
-
-/// `[database]`: where receipts and handler effects are written.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[database]`: where receipts and handler effects are written. Its
+/// `Debug` masks the URL's password, so a logged config shows none.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// `postgres://…` or `sqlite://path`. Default [`DEFAULT_DATABASE_URL`].
@@ -156,6 +132,16 @@ pub struct DatabaseConfig {
     /// `$CREDENTIALS_DIRECTORY` when set, else the config file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("password_file", &self.password_file)
+            .finish()
+    }
 }
 
 impl Default for DatabaseConfig {
@@ -204,8 +190,8 @@ impl Config {
     }
 
     /// The config as TOML, every default filled in, with secrets masked: a
-    /// password in a URL and any token print as [`crate::secret::MASK`]
-    /// (what `idem config check` prints).
+    /// password in a URL, a token, a password and an NKey seed print as
+    /// [`crate::secret::MASK`] (what `idem config check` prints).
     pub fn to_masked_toml(&self) -> String {
         let mut shown = self.clone();
         shown.broker.url = redact_url(&shown.broker.url);

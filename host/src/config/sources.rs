@@ -11,7 +11,7 @@
 //! it is set, else to the config file's directory.
 
 use super::{BrokerConfig, Config, ConfigError, DatabaseConfig, HandlerConfig, ServiceConfig};
-use crate::secret::{Secret, redact_url};
+use crate::secret::redact_url;
 use figment::Figment;
 use figment::error::{Actual, Kind};
 use figment::providers::{Env, Format as _, Toml};
@@ -111,7 +111,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     let secrets = credentials.unwrap_or(base);
     let mut broker = reader.section::<BrokerConfig>(&root, "broker");
     if let Some(b) = &mut broker {
-        reader.read_token(b, secrets);
+        reader.resolve_broker(b, secrets);
     }
     let mut database = reader.section::<DatabaseConfig>(&root, "database");
     if let Some(d) = &mut database {
@@ -340,25 +340,14 @@ impl Reader {
         }
     }
 
-    /// `[broker] token_file` read into `token`.
-    fn read_token(&mut self, broker: &mut BrokerConfig, secrets: &Path) {
-        let Some(file) = broker.token_file.clone() else {
-            return;
-        };
-        if broker.token.is_some() {
-            self.key_problem(
-                "broker",
-                "token_file",
-                "set either token or token_file, not both".to_owned(),
-            );
-            return;
+    /// `[broker]`'s secret files read and its files checked
+    /// ([`BrokerConfig::resolve`]).
+    fn resolve_broker(&mut self, broker: &mut BrokerConfig, secrets: &Path) {
+        if let Err(problems) = broker.resolve(secrets) {
+            for (key, message) in problems {
+                self.key_problem("broker", key, message);
+            }
         }
-        let file = secrets.join(file);
-        match read_secret(&file) {
-            Ok(token) => broker.token = Some(Secret::new(token)),
-            Err(message) => self.key_problem("broker", "token_file", message),
-        }
-        broker.token_file = Some(file);
     }
 
     /// `[database] password_file` read into `url`.
@@ -377,7 +366,11 @@ impl Reader {
 }
 
 /// The content of a secret file without its trailing newline.
-fn read_secret(file: &Path) -> Result<String, String> {
+///
+/// # Errors
+/// One line: the file cannot be read (and where relative paths are read
+/// from), or it is empty.
+pub(super) fn read_secret(file: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(file).map_err(|e| {
         format!(
             "cannot read {}: {e}; a relative path is read from $CREDENTIALS_DIRECTORY when set, else from the config file's directory",
