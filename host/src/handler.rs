@@ -16,9 +16,12 @@
 //! ```
 //!
 //! The receipt is built from the message the guest sees and the digest of
-//! the one component reference this step runs, so the receipt always names
-//! the component that produced the effect.
+//! the one component reference this step takes from the handler's
+//! [`ComponentSlot`] at its start and runs, so the receipt always names the
+//! component that produced the effect, even when a new version is swapped
+//! in meanwhile (hot deploy).
 
+use crate::component_slot::ComponentSlot;
 use crate::config::HandlerConfig;
 use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
 use crate::runtime::{
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 /// once by [`PreparedHandler::prepare`].
 pub struct PreparedHandler {
     name: Arc<str>,
-    component: Arc<HandlerComponent>,
+    slot: Arc<ComponentSlot>,
     runtime: Arc<Runtime>,
     guard: Arc<SqlGuard>,
     limits: Limits,
@@ -114,7 +117,7 @@ impl PreparedHandler {
         }));
         Self {
             name: Arc::from(cfg.name.as_str()),
-            component,
+            slot: Arc::new(ComponentSlot::new(&cfg.name, component)),
             runtime,
             guard: Arc::new(SqlGuard::new(db.kind(), &cfg.tables)),
             limits: limits(cfg),
@@ -135,9 +138,16 @@ impl PreparedHandler {
         &self.stats
     }
 
-    /// The component this handler runs.
-    pub fn component(&self) -> &Arc<HandlerComponent> {
-        &self.component
+    /// Where this handler's component is kept: [`ComponentSlot::current`]
+    /// is what a delivery starting now runs; a deploy swaps it.
+    pub fn slot(&self) -> &Arc<ComponentSlot> {
+        &self.slot
+    }
+
+    /// The runtime the handler's components are loaded into (a new version
+    /// must be loaded by the same one).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 
     /// BEGIN on `db`, every statement bounded by the handler's statement
@@ -164,11 +174,13 @@ impl PreparedHandler {
         msg: GuestMessage,
         admit: impl FnOnce() -> Option<String>,
     ) -> Result<Applied, StepFailed> {
+        // One reference for the whole step: the receipt names what runs.
+        let component = self.slot.current();
         let receipt = Receipt {
             consumer: &self.name,
             message_id: &msg.message_id,
             stream_sequence: msg.stream_sequence,
-            module_digest: self.component.digest(),
+            module_digest: component.digest(),
             published_ms: msg.published_ms,
         };
         match tx.insert_receipt(&receipt).await {
@@ -188,7 +200,7 @@ impl PreparedHandler {
             return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
         }
         let guest_started = Instant::now();
-        match self.run_guest(tx, msg).await {
+        match self.run_guest(&component, tx, msg).await {
             Ok(tx) => {
                 let handler = guest_started.elapsed();
                 let commit_started = Instant::now();
@@ -212,7 +224,12 @@ impl PreparedHandler {
     /// bounded by the statement timeout + 5 s (a statement the runtime
     /// abandoned at the deadline is cancelled by the statement timeout
     /// first); how the rollback ended is returned with the failure.
-    async fn run_guest(&self, tx: Tx, msg: GuestMessage) -> Result<Tx, (HandlerFailure, Rollback)> {
+    async fn run_guest(
+        &self,
+        component: &HandlerComponent,
+        tx: Tx,
+        msg: GuestMessage,
+    ) -> Result<Tx, (HandlerFailure, Rollback)> {
         let call = Invocation {
             handler: self.name.clone(),
             message_id: msg.message_id.clone(),
@@ -220,7 +237,7 @@ impl PreparedHandler {
             limits: self.limits.clone(),
             stats: self.stats.clone(),
         };
-        let (result, tx) = self.runtime.handle(&self.component, &call, tx, msg).await;
+        let (result, tx) = self.runtime.handle(component, &call, tx, msg).await;
         let Err(failure) = result else {
             return Ok(tx);
         };

@@ -121,6 +121,11 @@ impl Pipeline {
         self.handler.stats()
     }
 
+    /// The prepared handler (its component slot, for a deploy).
+    pub fn handler(&self) -> &PreparedHandler {
+        &self.handler
+    }
+
     /// The handler's config.
     pub fn config(&self) -> &HandlerConfig {
         &self.config

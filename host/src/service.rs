@@ -83,6 +83,35 @@ pub enum RunMode {
     Drain,
 }
 
+impl Host {
+    /// Starts watching the module file of every handler with `watch = true`
+    /// ([`crate::deploy::watch`]). A watch that cannot start is logged
+    /// once; that handler keeps the version it runs.
+    fn watch_modules(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut watches = Vec::new();
+        for h in self.handlers.iter().filter(|h| h.pipeline.config().watch) {
+            let cfg = h.pipeline.config();
+            let handler = h.pipeline.handler();
+            match crate::deploy::watch::spawn(
+                handler.runtime().clone(),
+                handler.slot().clone(),
+                cfg.module.clone(),
+                LoadOptions { wasi: cfg.wasi },
+                self.stop.clone(),
+            ) {
+                Ok(task) => {
+                    tracing::info!(handler = %cfg.name, module = %cfg.module.display(), "watching the module file for new versions");
+                    watches.push(task);
+                }
+                Err(e) => {
+                    tracing::error!(handler = %cfg.name, error = %e, "`watch = true` cannot work; the handler keeps the version it runs")
+                }
+            }
+        }
+        watches
+    }
+}
+
 /// Says once, loudly, when idem connects to PostgreSQL as a superuser: a
 /// superuser session can leave any role it switches to, so the handler roles
 /// add nothing and the SQL guard is the only boundary.
@@ -100,7 +129,11 @@ impl Host {
     /// components and creates streams and consumers. Every error is one line
     /// that names what failed.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {
-        let runtime = Arc::new(Runtime::new().context("cannot start the wasm runtime")?);
+        let cache_dir = config.runtime.effective_cache_dir();
+        let runtime = Arc::new(
+            Runtime::with_cache(crate::runtime::DEFAULT_CAPACITY, cache_dir.as_deref())
+                .context("cannot start the wasm runtime")?,
+        );
         // Load every module first: a bad module fails fast, before any connection.
         let mut modules = Vec::new();
         for h in &config.handlers {
@@ -189,6 +222,20 @@ impl Host {
         self.failure.clone()
     }
 
+    /// Each handler's component slot, by handler name: the version it runs
+    /// now and the last one it refused.
+    pub fn slots(&self) -> Vec<(Arc<str>, Arc<crate::component_slot::ComponentSlot>)> {
+        self.handlers
+            .iter()
+            .map(|h| {
+                (
+                    h.pipeline.name().clone(),
+                    h.pipeline.handler().slot().clone(),
+                )
+            })
+            .collect()
+    }
+
     /// Each handler's counters, by handler name.
     pub fn stats(&self) -> Vec<(Arc<str>, Arc<HandlerStats>)> {
         self.handlers
@@ -249,6 +296,7 @@ impl Host {
                 },
             )));
         }
+        let watches = self.watch_modules();
         let readiness = tokio::spawn(async move {
             for consumes in consuming {
                 if consumes.await.is_err() {
@@ -330,6 +378,9 @@ impl Host {
             );
         }
         readiness.abort();
+        for w in watches {
+            w.abort();
+        }
         reporter.abort();
         gauges.abort();
         clock_reader.abort();

@@ -20,9 +20,15 @@ pub struct TestDb {
     pub(crate) _dir: tempfile::TempDir,
 }
 
+/// The admin URL: `IDEM_TEST_PG`, default
+/// `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`. Plain TCP by
+/// default: sqlx 0.9.0 does not set TCP_NODELAY, so every new TLS
+/// connection waits out delayed ACKs (about 90 ms here), which the tests
+/// that terminate sessions in a loop would spend their time on; TLS has its
+/// own test (`secure_connections.rs`, a TLS-only cluster).
 fn pg_admin() -> String {
     std::env::var("IDEM_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?sslmode=disable".into())
 }
 
 impl TestDb {
@@ -50,16 +56,27 @@ impl TestDb {
                     .execute(&mut c)
                     .await
                     .unwrap();
-                let base = pg_admin();
+                let admin = pg_admin();
+                let (base, query) = admin.split_once('?').unwrap_or((&admin, ""));
                 let (prefix, _) = base.rsplit_once('/').unwrap();
+                let query = if query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{query}")
+                };
                 TestDb {
-                    url: format!("{prefix}/{name}"),
+                    url: format!("{prefix}/{name}{query}"),
                     backend,
                     pg_name: Some(name),
                     _dir: dir,
                 }
             }
         }
+    }
+
+    /// The PostgreSQL database's name (`None` on SQLite).
+    pub fn pg_database(&self) -> Option<&str> {
+        self.pg_name.as_deref()
     }
 
     /// A pool of one connection for assertions.

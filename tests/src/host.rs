@@ -1,6 +1,7 @@
 //! Config files for a test, and an in-process host running them.
 
 use crate::*;
+use idem::component_slot::ComponentSlot;
 use idem::config::Config;
 use idem::metrics::{HandlerStats, StatsSnapshot};
 use idem::service::{Host, RunMode, Summary};
@@ -78,6 +79,7 @@ pub struct RunningHost {
     stop: tokio_util::sync::CancellationToken,
     task: Option<tokio::task::JoinHandle<Summary>>,
     stats: Vec<(Arc<str>, Arc<HandlerStats>)>,
+    slots: Vec<(Arc<str>, Arc<ComponentSlot>)>,
 }
 
 impl RunningHost {
@@ -86,13 +88,24 @@ impl RunningHost {
         let config = Config::load(config).unwrap();
         let host = Host::start(&config).await.unwrap();
         let stats = host.stats();
+        let slots = host.slots();
         let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(host.run(RunMode::Forever, stop.clone()));
         RunningHost {
             stop,
             task: Some(task),
             stats,
+            slots,
         }
+    }
+
+    /// `handler`'s component slot: the version it runs, the last refused.
+    pub fn slot(&self, handler: &str) -> &Arc<ComponentSlot> {
+        self.slots
+            .iter()
+            .find(|(n, _)| &**n == handler)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("no handler {handler}"))
     }
 
     pub fn stats(&self, handler: &str) -> StatsSnapshot {

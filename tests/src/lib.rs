@@ -4,7 +4,7 @@
 //!
 //! Environment: `IDEM_NATS_SERVER` (default `.tools/venv/bin/nats-server`, put
 //! there by `scripts/setup.sh`), `IDEM_TEST_PG` (default
-//! `postgres://postgres@127.0.0.1:5432/test`: the admin URL used to create and
+//! `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`: the admin URL used to create and
 //! drop one database per test).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -126,6 +126,11 @@ fn credit() {
 }
 
 #[test]
+fn credit_log() {
+    assert_plain_handler("credit-log");
+}
+
+#[test]
 fn likes() {
     assert_plain_handler("likes");
 }

@@ -16,7 +16,7 @@ const USER: &str = "idem_recommended";
 async fn a_non_superuser_owner_runs_idem_with_handler_roles() {
     let nats = Nats::start();
     let db = TestDb::new(Backend::Postgres).await;
-    let database = db.url.rsplit_once('/').unwrap().1.to_string();
+    let database = db.pg_database().unwrap().to_string();
     {
         let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
         for sql in [

@@ -101,6 +101,11 @@ pub struct HandlerConfig {
     /// WASI imports. Default false: a guest importing WASI is refused at load.
     #[serde(default)]
     pub wasi: bool,
+    /// Watch `module` and put a changed file in place while the host runs
+    /// (validated and compiled first; the old version keeps running when
+    /// the new one does not load). Default false.
+    #[serde(default)]
+    pub watch: bool,
     /// Linear memory cap per instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub max_memory_mib: u32,

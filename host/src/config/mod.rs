@@ -82,9 +82,62 @@ pub struct Config {
     /// `[service]` (all defaults when absent).
     #[serde(default)]
     pub service: ServiceConfig,
+    /// `[runtime]` (all defaults when absent).
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
     /// Every `[[handler]]`, in file order.
     #[serde(rename = "handler", default)]
     pub handlers: Vec<HandlerConfig>,
+}
+
+/// `[runtime]`: how components are compiled.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Keep compiled components on disk, keyed by the component's bytes,
+    /// the wasmtime version and the engine's settings, so a restart or a
+    /// second host on the machine loads a component without compiling it
+    /// (wasmtime's own cache). Default true.
+    #[serde(default = "default_cache")]
+    pub cache: bool,
+    /// Where the compiled components are kept. Default: `$CACHE_DIRECTORY`
+    /// (systemd's `CacheDirectory=`), else the user's cache directory
+    /// (`$XDG_CACHE_HOME` or `~/.cache`), then `idem/wasmtime`. A relative
+    /// path is resolved against the config file's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            cache: default_cache(),
+            cache_dir: None,
+        }
+    }
+}
+
+fn default_cache() -> bool {
+    true
+}
+
+impl RuntimeConfig {
+    /// The directory compiled components are kept in, or `None` when the
+    /// cache is off or no cache directory can be found (no `$HOME`).
+    pub fn effective_cache_dir(&self) -> Option<PathBuf> {
+        if !self.cache {
+            return None;
+        }
+        if let Some(dir) = &self.cache_dir {
+            return Some(dir.clone());
+        }
+        let base = std::env::var_os("CACHE_DIRECTORY")
+            .filter(|d| !d.is_empty())
+            // systemd may list several, separated by `:`; the first is ours.
+            .and_then(|d| std::env::split_paths(&d).next())
+            .or_else(|| dirs::cache_dir().map(|d| d.join("idem")))?;
+        Some(base.join("wasmtime"))
+    }
 }
 
 /// `[service]`: how the host runs as a service.

@@ -10,7 +10,9 @@
 //! relative to `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`) when
 //! it is set, else to the config file's directory.
 
-use super::{BrokerConfig, Config, ConfigError, DatabaseConfig, HandlerConfig, ServiceConfig};
+use super::{
+    BrokerConfig, Config, ConfigError, DatabaseConfig, HandlerConfig, RuntimeConfig, ServiceConfig,
+};
 use crate::secret::redact_url;
 use figment::Figment;
 use figment::error::{Actual, Kind};
@@ -24,11 +26,11 @@ use std::path::{Path, PathBuf};
 pub const ENV_PREFIX: &str = "IDEM_";
 /// The sections the environment may set (`[[handler]]` tables come from the
 /// file only).
-pub const ENV_SECTIONS: [&str; 3] = ["broker", "database", "service"];
+pub const ENV_SECTIONS: [&str; 4] = ["broker", "database", "service", "runtime"];
 /// Between the section and the key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
 /// The top-level keys of the file.
-const SECTIONS: [&str; 4] = ["broker", "database", "service", "handler"];
+const SECTIONS: [&str; 5] = ["broker", "database", "service", "runtime", "handler"];
 
 /// One problem with the configuration, one line: where and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +106,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     };
     for key in root.keys().filter(|k| !SECTIONS.contains(&k.as_str())) {
         reader.file(format!(
-            "unknown field `{key}`, expected one of `broker`, `database`, `service`, `handler`"
+            "unknown field `{key}`, expected one of `broker`, `database`, `service`, `runtime`, `handler`"
         ));
     }
     let base = path.parent().unwrap_or(Path::new("."));
@@ -118,9 +120,18 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
         reader.read_password(d, secrets);
     }
     let service = reader.section::<ServiceConfig>(&root, "service");
+    let mut runtime = reader.section::<RuntimeConfig>(&root, "runtime");
+    if let Some(RuntimeConfig {
+        cache_dir: Some(dir),
+        ..
+    }) = &mut runtime
+        && dir.is_relative()
+    {
+        *dir = base.join(&*dir);
+    }
     let handlers = reader.handlers(&root);
-    let (Some(broker), Some(database), Some(service), Some(mut handlers)) =
-        (broker, database, service, handlers)
+    let (Some(broker), Some(database), Some(service), Some(runtime), Some(mut handlers)) =
+        (broker, database, service, runtime, handlers)
     else {
         return Err(reader.into_error());
     };
@@ -138,6 +149,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
         broker,
         database,
         service,
+        runtime,
         handlers,
     };
     // Validation reads whole values; after a problem above some are missing
@@ -549,7 +561,7 @@ mod tests {
                     "invalid config {p}: [[handler]] `h` max_deliver: expected u32, found signed int `-1`"
                 ),
                 format!(
-                    "invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `identity`, `tables`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `wasi`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"
+                    "invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `identity`, `tables`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"
                 ),
                 format!(
                     "invalid config {p}: [[handler]] `h` module is missing; set it in the file"

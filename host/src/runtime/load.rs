@@ -158,31 +158,39 @@ pub(crate) struct Linkers {
     pub(crate) wasi: Linker<HostState>,
 }
 
-/// Reads, compiles and checks one component. See [`super::Runtime::load`].
-pub(crate) fn load(
+/// Reads a component file. See [`super::Runtime::load`].
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => LoadError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => LoadError::Unreadable {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        },
+    })
+}
+
+/// Compiles and checks one component's `bytes`, read from `path`. See
+/// [`super::Runtime::load_bytes`].
+pub(crate) fn compile(
     engine: &Engine,
     linkers: &Linkers,
+    bytes: &[u8],
     path: &Path,
     options: LoadOptions,
 ) -> Result<HandlerComponent, LoadError> {
     let p = || path.to_path_buf();
-    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => LoadError::Missing { path: p() },
-        _ => LoadError::Unreadable {
-            path: p(),
-            detail: e.to_string(),
-        },
-    })?;
     match bytes.get(..8) {
         Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(LoadError::CoreModule { path: p() }),
         Some([0, b'a', b's', b'm', ..]) => {}
         _ => return Err(LoadError::NotWasm { path: p() }),
     }
-    let component = Component::from_binary(engine, &bytes).map_err(|e| LoadError::Invalid {
+    let component = Component::from_binary(engine, bytes).map_err(|e| LoadError::Invalid {
         path: p(),
         detail: one_line(&e),
     })?;
-    let digest = hex::encode(Sha256::digest(&bytes));
+    let digest = hex::encode(Sha256::digest(bytes));
     link(engine, linkers, &component, path, options, digest)
 }
 

@@ -181,6 +181,8 @@ impl HandlerFailure {
 pub struct Runtime {
     engine: Engine,
     linkers: load::Linkers,
+    /// wasmtime's compiled-code cache, when on: held to read its hit count.
+    cache: Option<wasmtime::Cache>,
 }
 
 impl Runtime {
@@ -206,6 +208,25 @@ impl Runtime {
     /// thread that advances the epoch cannot be spawned. Nothing is left
     /// running.
     pub fn with_capacity(capacity: u32) -> anyhow::Result<Self> {
+        Self::with_cache(capacity, None)
+    }
+
+    /// A runtime like [`Runtime::with_capacity`] that keeps compiled
+    /// components in `cache_dir` (created, mode 0700, when missing) with
+    /// wasmtime's own cache: keyed by a hash of the component's bytes, the
+    /// wasmtime version and the engine's settings, so a restart, or another
+    /// host on the machine, loads a component it has compiled before
+    /// without compiling it. `None`: no cache.
+    ///
+    /// The cache directory is trusted as the binary is: wasmtime loads
+    /// what it finds there as machine code after checking only that it was
+    /// made by this wasmtime with these settings, so it must be writable by
+    /// idem's user alone (systemd's `CacheDirectory=` is).
+    ///
+    /// # Errors
+    /// As [`Runtime::with_capacity`], and when the cache directory cannot
+    /// be created.
+    pub fn with_cache(capacity: u32, cache_dir: Option<&Path>) -> anyhow::Result<Self> {
         let capacity = capacity.max(1);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(capacity)
@@ -220,6 +241,11 @@ impl Runtime {
             .wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let cache = match cache_dir {
+            Some(dir) => Some(open_cache(dir)?),
+            None => None,
+        };
+        config.cache(cache.clone());
         let engine = Engine::new(&config)?;
 
         let mut plain = Linker::new(&engine);
@@ -242,7 +268,11 @@ impl Runtime {
                     std::thread::sleep(EPOCH_TICK);
                 }
             })?;
-        Ok(Self { engine, linkers })
+        Ok(Self {
+            engine,
+            linkers,
+            cache,
+        })
     }
 
     /// Reads and compiles a component once, and checks that it is a
@@ -271,7 +301,35 @@ impl Runtime {
         path: &Path,
         options: LoadOptions,
     ) -> Result<Arc<HandlerComponent>, LoadError> {
-        load::load(&self.engine, &self.linkers, path, options).map(Arc::new)
+        let bytes = load::read(path)?;
+        self.load_bytes(&bytes, path, options)
+    }
+
+    /// [`Runtime::load`] of a component's `bytes`, read from `origin` (a
+    /// file, or where a deployed version came from: named in errors and
+    /// reported by [`HandlerComponent::path`]). Compiling can take seconds
+    /// for a large component: call it off the async workers
+    /// (`spawn_blocking`). Logs whether the compiled code came from the
+    /// cache.
+    ///
+    /// # Errors
+    /// As [`Runtime::load`], except the file errors.
+    pub fn load_bytes(
+        &self,
+        bytes: &[u8],
+        origin: &Path,
+        options: LoadOptions,
+    ) -> Result<Arc<HandlerComponent>, LoadError> {
+        let hits = self.cache.as_ref().map(wasmtime::Cache::cache_hits);
+        let started = Instant::now();
+        let component = load::compile(&self.engine, &self.linkers, bytes, origin, options)?;
+        let cache = match (hits, self.cache.as_ref().map(wasmtime::Cache::cache_hits)) {
+            (Some(before), Some(after)) if after > before => "hit",
+            (Some(_), _) => "miss",
+            _ => "off",
+        };
+        tracing::info!(module = %origin.display(), digest = %component.digest(), cache, ms = started.elapsed().as_millis() as u64, "component loaded");
+        Ok(Arc::new(component))
     }
 
     /// Runs `handle` for one message in a fresh instance, with `tx` as the
@@ -451,6 +509,32 @@ fn truncate(mut reason: String) -> String {
         reason.push_str(&format!("… ({dropped} more bytes)"));
     }
     reason
+}
+
+/// wasmtime's cache in `dir`, which is created (mode 0700: only idem's user
+/// may put code there) when missing.
+fn open_cache(dir: &Path) -> anyhow::Result<wasmtime::Cache> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot create the compiled-component cache {}: {e}; set [runtime] cache_dir to a writable directory or cache = false",
+                    dir.display()
+                )
+            })?;
+    }
+    let mut config = wasmtime::CacheConfig::new();
+    config.with_directory(dir);
+    wasmtime::Cache::new(config).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use the compiled-component cache {}: {e}",
+            dir.display()
+        )
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,112 @@
+//! The component a handler runs, replaceable while it runs (hot deploy).
+//!
+//! A delivery takes one reference with [`ComponentSlot::current`] when it
+//! starts and keeps it to its end: the receipt's digest and the guest call
+//! come from that one reference, so a swap in between cannot make a receipt
+//! name a component other than the one that produced the effect. A swap
+//! ([`ComponentSlot::swap`]) affects only deliveries that start after it;
+//! the old component is dropped when the last delivery holding it ends.
+//!
+//! A version that fails to load on this host is remembered
+//! ([`ComponentSlot::refuse`]) so it is reported once and shown in status,
+//! while the current component keeps running.
+
+use crate::metrics::HANDLER_LABEL;
+use crate::runtime::{HandlerComponent, WIT_PACKAGE};
+use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// One handler's current component, swapped atomically.
+pub struct ComponentSlot {
+    handler: Arc<str>,
+    current: ArcSwap<HandlerComponent>,
+    refused: Mutex<Option<Refused>>,
+}
+
+/// A version this host was given and could not load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Hex SHA-256 of the refused component's bytes.
+    pub digest: String,
+    /// Why, one line ([`crate::runtime::LoadError`]'s message).
+    pub reason: String,
+    /// When it was refused (the host's clock).
+    pub at: SystemTime,
+}
+
+impl ComponentSlot {
+    /// A slot for handler `handler` holding `component`.
+    pub fn new(handler: &str, component: Arc<HandlerComponent>) -> Self {
+        ComponentSlot {
+            handler: Arc::from(handler),
+            current: ArcSwap::new(component),
+            refused: Mutex::new(None),
+        }
+    }
+
+    /// The component a delivery starting now runs: take it once per
+    /// delivery and use it for everything that delivery does.
+    pub fn current(&self) -> Arc<HandlerComponent> {
+        self.current.load_full()
+    }
+
+    /// Puts `next` in place for every delivery that starts from now on,
+    /// moves `idem_handler_info` to its digest (the old series reads 0),
+    /// forgets a refused version, and returns the component it replaced.
+    pub fn swap(&self, next: Arc<HandlerComponent>) -> Arc<HandlerComponent> {
+        let digest = next.digest().to_owned();
+        let old = self.current.swap(next);
+        if old.digest() != digest {
+            self.info(old.digest(), 0.0);
+            self.info(&digest, 1.0);
+        }
+        if let Ok(mut refused) = self.refused.lock() {
+            *refused = None;
+        }
+        old
+    }
+
+    /// Remembers that the version `digest` could not be loaded, for
+    /// `reason`. Returns whether this is news (another digest, or none was
+    /// refused): the caller logs only then, so a version offered again and
+    /// again is reported once.
+    pub fn refuse(&self, digest: &str, reason: &str) -> bool {
+        let Ok(mut refused) = self.refused.lock() else {
+            return true;
+        };
+        let news = refused.as_ref().is_none_or(|r| r.digest != digest);
+        if news {
+            *refused = Some(Refused {
+                digest: digest.to_owned(),
+                reason: reason.to_owned(),
+                at: SystemTime::now(),
+            });
+        }
+        news
+    }
+
+    /// The last version refused since the current one was put in place.
+    pub fn refused(&self) -> Option<Refused> {
+        self.refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    fn info(&self, digest: &str, value: f64) {
+        metrics::gauge!(
+            "idem_handler_info",
+            HANDLER_LABEL => self.handler.to_string(),
+            "digest" => digest.to_owned(),
+            "wit" => WIT_PACKAGE
+        )
+        .set(value);
+    }
+}
+
+impl std::fmt::Debug for ComponentSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComponentSlot")
+            .field("handler", &self.handler)
+            .field("digest", &self.current().digest())
+            .finish_non_exhaustive()
+    }
+}

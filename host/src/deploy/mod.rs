@@ -1,0 +1,81 @@
+//! Hot deploy: a new version of a handler's component reaches a running
+//! host and replaces the old one between deliveries, without a restart.
+//!
+//! Every source of a new version (the module file under `watch = true`,
+//! [`watch`]) goes through the one path of [`install`]: the bytes are
+//! hashed; a digest the handler already runs changes nothing; otherwise the
+//! component is validated and compiled on a blocking thread (never on the
+//! tokio workers that run messages), and only a component that loads is
+//! swapped in ([`crate::component_slot`]). One that does not is refused,
+//! remembered and reported once; the old version keeps running.
+
+pub mod watch;
+
+use crate::component_slot::ComponentSlot;
+use crate::runtime::{LoadError, LoadOptions, Runtime};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What [`install`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installed {
+    /// The handler already runs a component with these bytes.
+    Unchanged,
+    /// The new component is in place.
+    Swapped {
+        /// The digest it replaced.
+        from: String,
+        /// The digest now running.
+        to: String,
+    },
+}
+
+/// Validates and compiles `bytes` (read from `origin`, named in errors) on
+/// a blocking thread and swaps the result into `slot`; logs the swap, or
+/// the refusal once per refused digest.
+///
+/// # Errors
+/// The component does not load ([`LoadError`]: not a component, another
+/// world, an import the host does not provide, does not compile); `slot`
+/// is unchanged and remembers the refusal.
+pub async fn install(
+    runtime: &Arc<Runtime>,
+    slot: &ComponentSlot,
+    bytes: Vec<u8>,
+    origin: PathBuf,
+    options: LoadOptions,
+) -> Result<Installed, LoadError> {
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let current = slot.current();
+    if current.digest() == digest {
+        return Ok(Installed::Unchanged);
+    }
+    let rt = runtime.clone();
+    let path = origin.clone();
+    let loaded = tokio::task::spawn_blocking(move || rt.load_bytes(&bytes, &path, options))
+        .await
+        .unwrap_or_else(|e| {
+            Err(LoadError::Invalid {
+                path: origin.clone(),
+                detail: format!("the compile task failed: {e}"),
+            })
+        });
+    match loaded {
+        Ok(component) => {
+            let to = component.digest().to_owned();
+            let old = slot.swap(component);
+            tracing::info!(from = %old.digest(), to = %to, origin = %origin.display(), "new component in place; deliveries already started finish on the old one");
+            Ok(Installed::Swapped {
+                from: old.digest().to_owned(),
+                to,
+            })
+        }
+        Err(e) => {
+            if slot.refuse(&digest, &e.to_string()) {
+                tracing::warn!(digest = %digest, error = %e, "new component refused; the old one keeps running");
+            }
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! `watch = true`: the handler's `module` file is watched, and a changed
+//! file goes through [`super::install`] (validate, compile, swap).
+//!
+//! The file's directory is watched (notify, inotify on Linux), not the file:
+//! a file replaced by a rename, as editors and `cp`-then-`mv` deploys do,
+//! keeps being seen. Events are debounced ([`QUIET`]), so a file written in
+//! several steps is read once it has been still; a file read half-written
+//! is refused (it is not a valid component) and the completed write, one
+//! event later, loads. A slow poll of the file's size and modification
+//! time ([`POLL`]) backs the watch on file systems that send no events
+//! (NFS, some container mounts).
+
+use crate::component_slot::ComponentSlot;
+use crate::runtime::{LoadOptions, Runtime};
+use notify_debouncer_mini::notify::RecursiveMode;
+use notify_debouncer_mini::{DebounceEventResult, new_debouncer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+
+/// How long the file must be still before it is read.
+pub const QUIET: Duration = Duration::from_millis(250);
+/// How often the file's size and modification time are compared when no
+/// event came.
+pub const POLL: Duration = Duration::from_secs(10);
+
+/// Watches `module` for handler `slot` until `stop` is cancelled.
+///
+/// # Errors
+/// The directory of `module` cannot be watched (it does not exist, or the
+/// system's inotify limits are reached): one line naming it.
+pub fn spawn(
+    runtime: Arc<Runtime>,
+    slot: Arc<ComponentSlot>,
+    module: PathBuf,
+    options: LoadOptions,
+    stop: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let dir = module
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let (changed, mut events) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let name = module.file_name().map(|n| n.to_owned());
+    let mut debouncer = new_debouncer(QUIET, move |result: DebounceEventResult| match result {
+        Ok(events) => {
+            if events.iter().any(|e| e.path.file_name() == name.as_deref()) {
+                let _ = changed.send(());
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "module file watch reported an error"),
+    })
+    .map_err(|e| anyhow::anyhow!("cannot watch {}: {e}", dir.display()))?;
+    debouncer
+        .watcher()
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|e| anyhow::anyhow!("cannot watch {} for `watch = true`: {e}", dir.display()))?;
+    Ok(tokio::spawn(async move {
+        // Dropping the debouncer ends the watch: keep it for the task's life.
+        let _debouncer = debouncer;
+        let mut seen = stamp(&module);
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                event = events.recv() => if event.is_none() { return },
+                _ = poll.tick() => {
+                    if stamp(&module) == seen {
+                        continue;
+                    }
+                }
+            }
+            seen = stamp(&module);
+            let bytes = match tokio::fs::read(&module).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::debug!(module = %module.display(), error = %e, "watched module file not readable now; waiting for the next change");
+                    continue;
+                }
+            };
+            // Refusals are logged by `install`, once per digest.
+            let _ = super::install(&runtime, &slot, bytes, module.clone(), options).await;
+        }
+    }))
+}
+
+/// The file's size and modification time, when it can be read.
+fn stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
