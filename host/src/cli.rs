@@ -73,6 +73,11 @@ pub enum Command {
     /// Run a handler again over a range of its stream; what its receipts
     /// show as applied is counted as a duplicate and changes nothing.
     Replay(admin::replay::ReplayArgs),
+    /// Deploy a new version of a handler to every running host (through the
+    /// broker), roll back to the previous one, or list the deployments.
+    Deploy(admin::deploy::DeployArgs),
+    /// What every live host runs: one line per host and handler.
+    Status(admin::deploy::StatusArgs),
 }
 
 /// `idem config …`.
@@ -212,6 +217,8 @@ pub async fn main() -> i32 {
             command: ConfigCommand::Check { config },
         } => return config_check(&config.config),
         Command::Replay(args) => admin::replay::run(args).await,
+        Command::Deploy(args) => admin::deploy::run(args).await,
+        Command::Status(args) => admin::deploy::status(args).await,
     };
     match result {
         Ok(()) => 0,

@@ -13,7 +13,8 @@
 
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::time::Duration;
 
 /// The label every per-handler metric carries: the handler's name.
@@ -232,6 +233,7 @@ pub struct HandlerStats {
     /// Guest statements that failed on a unique constraint (statements,
     /// not messages) (`idem_unique_violations_total`).
     pub unique_violations: Count,
+    in_flight_now: Arc<AtomicU64>,
     instruments: Instruments,
 }
 
@@ -258,13 +260,15 @@ pub struct CommitTimings {
     pub commit: Duration,
 }
 
-/// Counts a delivery in flight (`idem_in_flight`) until dropped.
+/// Counts a delivery in flight (`idem_in_flight`, and
+/// [`HandlerStats::in_flight_now`]) until dropped.
 #[must_use = "the delivery is in flight until this is dropped"]
-pub struct InFlight(Gauge);
+pub struct InFlight(Gauge, Arc<AtomicU64>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.decrement(1.0);
+        self.1.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -310,6 +314,7 @@ impl HandlerStats {
             db_pauses: Count::new("idem_db_pauses_total", handler),
             receipts_pruned: Count::new("idem_receipts_pruned_total", handler),
             unique_violations: Count::new("idem_unique_violations_total", handler),
+            in_flight_now: Arc::default(),
             instruments: Instruments {
                 handler_seconds: histogram("idem_handler_seconds"),
                 commit_seconds: histogram("idem_commit_seconds"),
@@ -342,7 +347,16 @@ impl HandlerStats {
     /// Counts one delivery in flight until the returned guard is dropped.
     pub fn in_flight(&self) -> InFlight {
         self.instruments.in_flight.increment(1.0);
-        InFlight(self.instruments.in_flight.clone())
+        self.in_flight_now.fetch_add(1, Ordering::Relaxed);
+        InFlight(
+            self.instruments.in_flight.clone(),
+            self.in_flight_now.clone(),
+        )
+    }
+
+    /// Deliveries of this handler in flight now.
+    pub fn in_flight_now(&self) -> u64 {
+        self.in_flight_now.load(Ordering::Relaxed)
     }
 
     /// Sets the consumer gauges from the broker's consumer info: messages

@@ -38,6 +38,9 @@ pub struct Host {
     /// `[service] shutdown_grace`: how long deliveries in flight may take
     /// to finish once the host stops (ARCHITECTURE.md, "Shutdown").
     grace: Duration,
+    /// The deploy buckets, when the host follows deployments (`[deploy]
+    /// follow`).
+    deploy: Option<crate::deploy::store::DeployStore>,
 }
 
 /// The consumers' `max_ack_pending` on the broker.
@@ -83,7 +86,68 @@ pub enum RunMode {
     Drain,
 }
 
+/// At start, puts `handler`'s deployed version in place when the
+/// deployments bucket has one (else it keeps the config's `module`); a
+/// deployed version that cannot be fetched or loaded is reported and the
+/// config's module runs. `cfg.name` is the deployments key.
+pub(crate) async fn use_deployed(
+    store: &crate::deploy::store::DeployStore,
+    cfg: &crate::config::HandlerConfig,
+    handler: &PreparedHandler,
+) {
+    let current = match store.current(&cfg.name).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(handler = %cfg.name, error = %format!("{e:#}"), "cannot read the deployments bucket; running the config's module until it can be read");
+            return;
+        }
+    };
+    let followed = followed(cfg, handler);
+    if let Err(e) = crate::deploy::follow::apply(store, &followed, &current).await {
+        tracing::warn!(handler = %cfg.name, error = %e, "running the config's module instead of the deployed version");
+    }
+}
+
+fn followed(
+    cfg: &crate::config::HandlerConfig,
+    handler: &PreparedHandler,
+) -> crate::deploy::follow::Followed {
+    crate::deploy::follow::Followed {
+        name: cfg.name.clone(),
+        slot: handler.slot().clone(),
+        options: LoadOptions { wasi: cfg.wasi },
+        runtime: handler.runtime().clone(),
+    }
+}
+
 impl Host {
+    /// With `[deploy] follow`: the task that follows the deployments
+    /// bucket and the one that reports this host's versions.
+    fn follow_deployments(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let Some(store) = &self.deploy else {
+            return Vec::new();
+        };
+        let followed = self
+            .handlers
+            .iter()
+            .map(|h| followed(h.pipeline.config(), h.pipeline.handler()))
+            .collect();
+        let reported = self
+            .handlers
+            .iter()
+            .map(|h| crate::deploy::heartbeat::Reported {
+                name: h.pipeline.name().to_string(),
+                slot: h.pipeline.handler().slot().clone(),
+                stats: h.pipeline.stats().clone(),
+            })
+            .collect();
+        vec![
+            crate::deploy::follow::spawn(store.clone(), followed, self.stop.clone()),
+            crate::deploy::heartbeat::spawn(store.clone(), reported, self.stop.clone()),
+        ]
+    }
+
     /// Starts watching the module file of every handler with `watch = true`
     /// ([`crate::deploy::watch`]). A watch that cannot start is logged
     /// once; that handler keeps the version it runs.
@@ -167,6 +231,11 @@ impl Host {
         let gate = Arc::new(DbGate::new(db.clone(), stop.clone()));
         let nats = broker::connect(&config.broker).await?;
         let js = &nats.js;
+        let deploy = if config.deploy.follow {
+            Some(crate::deploy::store::DeployStore::open(js, &config.deploy).await?)
+        } else {
+            None
+        };
         let mut handlers = Vec::new();
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
@@ -192,6 +261,9 @@ impl Host {
                 tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
             let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
+            if let Some(store) = &deploy {
+                use_deployed(store, h, &handler).await;
+            }
             let pipeline = Pipeline::new(h, handler, db.clone(), gate.clone(), clock);
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler {
@@ -210,6 +282,7 @@ impl Host {
             failure: Arc::default(),
             clocks,
             grace: config.service.shutdown_grace,
+            deploy,
         })
     }
 
@@ -297,6 +370,7 @@ impl Host {
             )));
         }
         let watches = self.watch_modules();
+        let deploy_tasks = self.follow_deployments();
         let readiness = tokio::spawn(async move {
             for consumes in consuming {
                 if consumes.await.is_err() {
@@ -380,6 +454,10 @@ impl Host {
         readiness.abort();
         for w in watches {
             w.abort();
+        }
+        // Stopped by `stop`: the heartbeat deletes this host's report.
+        for t in deploy_tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
         reporter.abort();
         gauges.abort();

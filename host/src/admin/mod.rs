@@ -1,14 +1,16 @@
 //! Operator commands: on the database only (never the broker),
 //! `idem dlq list|show|redrive|drop` ([`dlq`], [`redrive`]) and
 //! `idem receipts show|prune|forget` ([`receipts`]; `prune` reads the
-//! broker's clock); and `idem replay` ([`replay`]), which runs a handler
-//! again over a range of its stream.
+//! broker's clock); `idem replay` ([`replay`]), which runs a handler
+//! again over a range of its stream; and `idem deploy` and `idem status`
+//! ([`deploy`]), on the broker's deploy buckets.
 //!
 //! Each command loads the same `idem.toml` as `idem run`, opens its
 //! `[database] url` without creating anything ([`Database::connect_existing`]),
 //! prints its result on stdout and returns an error (one line, printed by the
 //! CLI as `idem: …`, exit code 1) when it did not do what was asked.
 
+pub mod deploy;
 pub mod dlq;
 pub mod receipts;
 pub mod redrive;

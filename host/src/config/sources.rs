@@ -11,7 +11,8 @@
 //! it is set, else to the config file's directory.
 
 use super::{
-    BrokerConfig, Config, ConfigError, DatabaseConfig, HandlerConfig, RuntimeConfig, ServiceConfig,
+    BrokerConfig, Config, ConfigError, DatabaseConfig, DeployConfig, HandlerConfig, RuntimeConfig,
+    ServiceConfig,
 };
 use crate::secret::redact_url;
 use figment::Figment;
@@ -26,11 +27,13 @@ use std::path::{Path, PathBuf};
 pub const ENV_PREFIX: &str = "IDEM_";
 /// The sections the environment may set (`[[handler]]` tables come from the
 /// file only).
-pub const ENV_SECTIONS: [&str; 4] = ["broker", "database", "service", "runtime"];
+pub const ENV_SECTIONS: [&str; 5] = ["broker", "database", "service", "runtime", "deploy"];
 /// Between the section and the key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
 /// The top-level keys of the file.
-const SECTIONS: [&str; 5] = ["broker", "database", "service", "runtime", "handler"];
+const SECTIONS: [&str; 6] = [
+    "broker", "database", "service", "runtime", "deploy", "handler",
+];
 
 /// One problem with the configuration, one line: where and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +109,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     };
     for key in root.keys().filter(|k| !SECTIONS.contains(&k.as_str())) {
         reader.file(format!(
-            "unknown field `{key}`, expected one of `broker`, `database`, `service`, `runtime`, `handler`"
+            "unknown field `{key}`, expected one of `broker`, `database`, `service`, `runtime`, `deploy`, `handler`"
         ));
     }
     let base = path.parent().unwrap_or(Path::new("."));
@@ -129,9 +132,16 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     {
         *dir = base.join(&*dir);
     }
+    let deploy = reader.section::<DeployConfig>(&root, "deploy");
     let handlers = reader.handlers(&root);
-    let (Some(broker), Some(database), Some(service), Some(runtime), Some(mut handlers)) =
-        (broker, database, service, runtime, handlers)
+    let (
+        Some(broker),
+        Some(database),
+        Some(service),
+        Some(runtime),
+        Some(deploy),
+        Some(mut handlers),
+    ) = (broker, database, service, runtime, deploy, handlers)
     else {
         return Err(reader.into_error());
     };
@@ -150,6 +160,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
         database,
         service,
         runtime,
+        deploy,
         handlers,
     };
     // Validation reads whole values; after a problem above some are missing

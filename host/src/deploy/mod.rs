@@ -1,7 +1,8 @@
 //! Hot deploy: a new version of a handler's component reaches a running
 //! host and replaces the old one between deliveries, without a restart.
 //!
-//! Every source of a new version (the module file under `watch = true`,
+//! Every source of a new version (`idem deploy` through the broker's
+//! buckets, [`store`] and [`follow`]; the module file under `watch = true`,
 //! [`watch`]) goes through the one path of [`install`]: the bytes are
 //! hashed; a digest the handler already runs changes nothing; otherwise the
 //! component is validated and compiled on a blocking thread (never on the
@@ -9,7 +10,13 @@
 //! swapped in ([`crate::component_slot`]). One that does not is refused,
 //! remembered and reported once; the old version keeps running.
 
+pub mod follow;
+pub mod heartbeat;
+pub mod record;
+pub mod store;
 pub mod watch;
+
+pub use record::Deployment;
 
 use crate::component_slot::ComponentSlot;
 use crate::runtime::{LoadError, LoadOptions, Runtime};

@@ -1,0 +1,173 @@
+//! A running host follows the deployments bucket: a new value for one of
+//! its handlers is fetched, checked against its digest, and put in place
+//! through [`super::install`].
+//!
+//! The KV watch is the fast path. Watches are known to end quietly (a
+//! broker restart, a reconnect, a consumer the server dropped): when the
+//! watch ends or errs it is made again, and a slow poll ([`POLL`]) reads
+//! every handler's key anyway, so a missed update is picked up within that
+//! time whatever happened to the watch. A value that is not a deployment,
+//! a component missing from the modules bucket or one that does not hash
+//! to its name is refused like a component that does not load: reported
+//! once, the running version kept.
+
+use super::store::{Current, DeployStore};
+use super::{Installed, install};
+use crate::component_slot::ComponentSlot;
+use crate::runtime::{LoadOptions, Runtime};
+use futures::StreamExt as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often every followed handler's key is read, watch or no watch.
+pub const POLL: Duration = Duration::from_secs(30);
+
+/// One handler a host follows.
+pub struct Followed {
+    /// The handler's name (its key in the deployments bucket).
+    pub name: String,
+    /// Where its component is kept.
+    pub slot: Arc<ComponentSlot>,
+    /// How its components load (`wasi` from the host's config, never from
+    /// the deployment).
+    pub options: LoadOptions,
+    /// The runtime its components are loaded into.
+    pub runtime: Arc<Runtime>,
+}
+
+/// Puts `handler`'s deployment `current` in place when it is not what the
+/// handler runs (or last refused). Returns what happened, for the log.
+///
+/// # Errors
+/// One line: the value is not a deployment, the component cannot be
+/// fetched or does not load. The refusal is remembered in the slot.
+pub async fn apply(
+    store: &DeployStore,
+    handler: &Followed,
+    current: &Current,
+) -> Result<Installed, String> {
+    let deployment = match &current.deployment {
+        Ok(d) => d,
+        Err(reason) => {
+            let digest = format!("revision {}", current.revision);
+            refuse(handler, &digest, &format!("deployment record: {reason}"));
+            return Err(reason.clone());
+        }
+    };
+    let digest = &deployment.digest;
+    if handler.slot.current().digest() == digest
+        || handler.slot.refused().is_some_and(|r| &r.digest == digest)
+    {
+        return Ok(Installed::Unchanged);
+    }
+    let bytes = match store.fetch_module(digest).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let reason = format!("{e:#}");
+            refuse(handler, digest, &reason);
+            return Err(reason);
+        }
+    };
+    let origin = PathBuf::from(format!("deployment {digest}"));
+    let installed = install(
+        &handler.runtime,
+        &handler.slot,
+        bytes,
+        origin,
+        handler.options,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if let Installed::Swapped { .. } = &installed {
+        tracing::info!(handler = %handler.name, digest = %digest, deployed_at = %deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");
+    }
+    Ok(installed)
+}
+
+fn refuse(handler: &Followed, digest: &str, reason: &str) {
+    if handler.slot.refuse(digest, reason) {
+        tracing::warn!(handler = %handler.name, digest = %digest, error = %reason, "deployed version refused; the running version keeps running");
+    }
+}
+
+/// Follows the deployments of `handlers` until `stop` is cancelled.
+pub fn spawn(
+    store: DeployStore,
+    handlers: Vec<Followed>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+        let (first, max) = (Duration::from_millis(200), Duration::from_secs(10));
+        let mut waits = crate::backoff::doubling(first, max);
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Whatever the watch missed while it was down, read it now.
+            reconcile(&store, &handlers).await;
+            let mut watch = match store.deployments().watch_many(names.iter()).await {
+                Ok(w) => {
+                    waits = crate::backoff::doubling(first, max);
+                    w
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot watch the deployments bucket; polling until it can be watched");
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(waits.next().unwrap_or(max)) => continue,
+                    }
+                }
+            };
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = poll.tick() => reconcile(&store, &handlers).await,
+                    item = watch.next() => match item {
+                        Some(Ok(entry)) => {
+                            let Some(h) = handlers.iter().find(|h| h.name == entry.key) else { continue };
+                            if let Some(current) = current_of(entry) {
+                                let _ = apply(&store, h, &current).await;
+                            }
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "the deployments watch failed; watching again");
+                            break;
+                        }
+                        None => {
+                            tracing::debug!("the deployments watch ended; watching again");
+                            break;
+                        }
+                    },
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(waits.next().unwrap_or(max)) => {}
+            }
+        }
+    })
+}
+
+/// Reads every handler's key and applies what differs.
+async fn reconcile(store: &DeployStore, handlers: &[Followed]) {
+    for h in handlers {
+        match store.current(&h.name).await {
+            Ok(Some(current)) => {
+                let _ = apply(store, h, &current).await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(handler = %h.name, error = %e, "cannot read the deployments bucket; trying again later")
+            }
+        }
+    }
+}
+
+fn current_of(entry: async_nats::jetstream::kv::Entry) -> Option<Current> {
+    (entry.operation == async_nats::jetstream::kv::Operation::Put).then(|| Current {
+        revision: entry.revision,
+        deployment: super::record::Deployment::parse(&entry.value),
+    })
+}

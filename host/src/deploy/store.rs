@@ -1,0 +1,300 @@
+//! The buckets hot deploy uses on the broker: components in a JetStream
+//! Object Store (named by their SHA-256), deployments in a KV bucket (key =
+//! handler name, with history), and what each running host runs in a KV
+//! bucket whose entries expire ([`super::heartbeat`]). Each is created on
+//! first use by whichever host or command gets there first.
+
+use super::record::{Deployment, is_digest};
+use crate::config::DeployConfig;
+use anyhow::Context as _;
+use async_nats::jetstream::{self, kv, object_store};
+use futures::TryStreamExt as _;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+use tokio::io::AsyncReadExt as _;
+
+/// Deployments kept per handler in the KV history (`--history`, rollback).
+pub const HISTORY: i64 = 64;
+/// The largest component a host fetches (MiB): a bound on memory, far above
+/// any handler (a Python one is about 18 MiB).
+pub const MAX_MODULE_MIB: u64 = 256;
+/// How long a host's report stays in the hosts bucket without a refresh.
+pub const HOST_REPORT_TTL: Duration = Duration::from_secs(15);
+
+/// The three buckets, opened.
+#[derive(Clone)]
+pub struct DeployStore {
+    deployments: kv::Store,
+    modules: object_store::ObjectStore,
+    hosts: kv::Store,
+    names: DeployConfig,
+}
+
+/// A handler's key in the deployments bucket, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    /// The KV revision of the entry (what a compare-and-set expects).
+    pub revision: u64,
+    /// The deployment, or why the value is not one.
+    pub deployment: Result<Deployment, String>,
+}
+
+/// Why recording a deployment failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Another deployment of the handler was recorded since it was read
+    /// (compare-and-set on the KV revision failed).
+    #[error(
+        "another deployment of `{handler}` was recorded meanwhile (the deployments bucket moved past revision {expected}); look at `idem deploy --history {handler}` and deploy again"
+    )]
+    Stale {
+        /// The handler.
+        handler: String,
+        /// The revision the deploy was based on (0: none).
+        expected: u64,
+    },
+    /// The broker refused or did not answer.
+    #[error("cannot record the deployment of `{handler}` in bucket {bucket}: {detail}")]
+    Broker {
+        /// The handler.
+        handler: String,
+        /// The deployments bucket.
+        bucket: String,
+        /// The broker's error.
+        detail: String,
+    },
+}
+
+impl DeployStore {
+    /// Opens the buckets `names` lists, creating the missing ones.
+    ///
+    /// # Errors
+    /// One line naming the bucket the broker would not open or create (no
+    /// JetStream, no permission, an invalid name).
+    pub async fn open(js: &jetstream::Context, names: &DeployConfig) -> anyhow::Result<Self> {
+        let deployments = open_kv(
+            js,
+            kv::Config {
+                bucket: names.deployments_bucket.clone(),
+                description: "idem: deployed handler versions (key = handler)".into(),
+                history: HISTORY,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let hosts = open_kv(
+            js,
+            kv::Config {
+                bucket: names.hosts_bucket.clone(),
+                description: "idem: what each running host runs (expires)".into(),
+                history: 1,
+                max_age: HOST_REPORT_TTL,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let modules = match js.get_object_store(&names.modules_bucket).await {
+            Ok(store) => store,
+            Err(_) => match js
+                .create_object_store(object_store::Config {
+                    bucket: names.modules_bucket.clone(),
+                    description: Some("idem: handler components by sha256".into()),
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(store) => store,
+                // Another host may have created it meanwhile.
+                Err(e) => js.get_object_store(&names.modules_bucket).await.map_err(|_| {
+                    anyhow::anyhow!(
+                        "cannot open or create object store bucket {}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false",
+                        names.modules_bucket
+                    )
+                })?,
+            },
+        };
+        Ok(DeployStore {
+            deployments,
+            modules,
+            hosts,
+            names: names.clone(),
+        })
+    }
+
+    /// The deployments KV bucket (for a watch).
+    pub fn deployments(&self) -> &kv::Store {
+        &self.deployments
+    }
+
+    /// The hosts KV bucket.
+    pub fn hosts(&self) -> &kv::Store {
+        &self.hosts
+    }
+
+    /// `handler`'s entry in the deployments bucket; `None` when it has
+    /// none, or its last operation deleted it.
+    ///
+    /// # Errors
+    /// The broker did not answer.
+    pub async fn current(&self, handler: &str) -> anyhow::Result<Option<Current>> {
+        let entry = self.deployments.entry(handler).await.with_context(|| {
+            format!(
+                "cannot read `{handler}` in bucket {}",
+                self.names.deployments_bucket
+            )
+        })?;
+        Ok(entry.and_then(current))
+    }
+
+    /// Every recorded deployment of `handler`, oldest first.
+    ///
+    /// # Errors
+    /// The broker did not answer.
+    pub async fn history(&self, handler: &str) -> anyhow::Result<Vec<Current>> {
+        let bucket = &self.names.deployments_bucket;
+        let history = match self.deployments.history(handler).await {
+            Ok(h) => h,
+            Err(e) if e.to_string().contains("no messages") => return Ok(Vec::new()),
+            Err(e) => {
+                anyhow::bail!("cannot read the history of `{handler}` in bucket {bucket}: {e}")
+            }
+        };
+        let entries: Vec<kv::Entry> = history.try_collect().await.with_context(|| {
+            format!("cannot read the history of `{handler}` in bucket {bucket}")
+        })?;
+        Ok(entries.into_iter().filter_map(current).collect())
+    }
+
+    /// Stores `bytes` as object `digest` unless an object of that name and
+    /// size is there already (content addressed: same name, same bytes).
+    ///
+    /// # Errors
+    /// The broker refused the object.
+    pub async fn put_module(&self, digest: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        if let Ok(info) = self.modules.info(digest).await
+            && !info.deleted
+            && info.size == bytes.len()
+        {
+            return Ok(());
+        }
+        let mut reader = bytes;
+        self.modules
+            .put(digest, &mut reader)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot store the component in object store bucket {}",
+                    self.names.modules_bucket
+                )
+            })?;
+        Ok(())
+    }
+
+    /// The component `digest`, checked against its digest.
+    ///
+    /// # Errors
+    /// One line: the object is missing, larger than [`MAX_MODULE_MIB`],
+    /// cannot be read, or its bytes do not hash to `digest`.
+    pub async fn fetch_module(&self, digest: &str) -> anyhow::Result<Vec<u8>> {
+        let bucket = &self.names.modules_bucket;
+        if !is_digest(digest) {
+            anyhow::bail!("`{digest}` is not a sha256 digest");
+        }
+        let max = MAX_MODULE_MIB * 1024 * 1024;
+        let mut object = self.modules.get(digest).await.with_context(|| {
+            format!("component {digest} is not in object store bucket {bucket}")
+        })?;
+        let size = object.info().size as u64;
+        if size > max {
+            anyhow::bail!(
+                "component {digest} in bucket {bucket} is {size} bytes, over the {MAX_MODULE_MIB} MiB a host fetches"
+            );
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        (&mut object)
+            .take(max + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .with_context(|| format!("cannot read component {digest} from bucket {bucket}"))?;
+        let got = hex::encode(Sha256::digest(&bytes));
+        if got != digest {
+            anyhow::bail!(
+                "component {digest} in bucket {bucket} hashes to {got}: refused (damaged or replaced)"
+            );
+        }
+        Ok(bytes)
+    }
+
+    /// Records `deployment` as `handler`'s, if the key is still at
+    /// `expected` (its revision when read; `None`: it had no deployment).
+    /// Returns the new revision.
+    ///
+    /// # Errors
+    /// [`RecordError::Stale`] when another deployment came first;
+    /// [`RecordError::Broker`] otherwise.
+    pub async fn record(
+        &self,
+        handler: &str,
+        deployment: &Deployment,
+        expected: Option<u64>,
+    ) -> Result<u64, RecordError> {
+        let value = deployment.to_value().into();
+        let result = match expected {
+            Some(revision) => self
+                .deployments
+                .update(handler, value, revision)
+                .await
+                .map_err(|e| {
+                    (
+                        e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                        e.to_string(),
+                    )
+                }),
+            None => self.deployments.create(handler, value).await.map_err(|e| {
+                (
+                    e.kind() == kv::CreateErrorKind::AlreadyExists,
+                    e.to_string(),
+                )
+            }),
+        };
+        result.map_err(|(stale, detail)| {
+            if stale {
+                RecordError::Stale {
+                    handler: handler.to_owned(),
+                    expected: expected.unwrap_or(0),
+                }
+            } else {
+                RecordError::Broker {
+                    handler: handler.to_owned(),
+                    bucket: self.names.deployments_bucket.clone(),
+                    detail,
+                }
+            }
+        })
+    }
+}
+
+/// A KV entry as a [`Current`]; `None` for a delete or purge marker.
+fn current(entry: kv::Entry) -> Option<Current> {
+    (entry.operation == kv::Operation::Put).then(|| Current {
+        revision: entry.revision,
+        deployment: Deployment::parse(&entry.value),
+    })
+}
+
+/// Opens KV bucket `config.bucket`, creating it when missing.
+async fn open_kv(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    if let Ok(store) = js.get_key_value(&config.bucket).await {
+        return Ok(store);
+    }
+    let bucket = config.bucket.clone();
+    match js.create_key_value(config).await {
+        Ok(store) => Ok(store),
+        // Another host may have created it meanwhile.
+        Err(e) => js.get_key_value(&bucket).await.map_err(|_| {
+            anyhow::anyhow!(
+                "cannot open or create KV bucket {bucket}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"
+            )
+        }),
+    }
+}
