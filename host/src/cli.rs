@@ -168,7 +168,12 @@ pub enum ReceiptsCommand {
         #[arg(long)]
         handler: String,
         /// Show this message's receipt (exit 1 when it has none).
+        #[arg(conflicts_with = "digest")]
         message_id: Option<String>,
+        /// Count only the receipts whose effect this component (its sha256
+        /// digest) produced: what one deployed version did.
+        #[arg(long)]
+        digest: Option<String>,
     },
     /// Delete receipts older than the retention window now (one pruning pass).
     Prune {
@@ -298,7 +303,16 @@ async fn receipts(command: ReceiptsCommand) -> anyhow::Result<()> {
             config,
             handler,
             message_id,
-        } => admin::receipts::show(&config.config, &handler, message_id.as_deref()).await,
+            digest,
+        } => {
+            admin::receipts::show(
+                &config.config,
+                &handler,
+                message_id.as_deref(),
+                digest.as_deref(),
+            )
+            .await
+        }
         ReceiptsCommand::Prune { config, handler } => {
             admin::receipts::prune(&config.config, handler.as_deref()).await
         }

@@ -191,7 +191,7 @@ async fn old_receipts_table_is_upgraded(db: &Database) {
             .unwrap()
     );
     tx.commit().await.unwrap();
-    let summary = db.receipt_summary("h").await.unwrap();
+    let summary = db.receipt_summary("h", None).await.unwrap();
     assert_eq!(
         (summary.count, summary.oldest_ms, summary.newest_ms),
         (3, Some(1_700_000_000_000), Some(1_700_000_002_000))
@@ -203,7 +203,7 @@ async fn old_receipts_table_is_upgraded(db: &Database) {
         1
     );
     assert!(db.receipt("h", "m1").await.unwrap().is_none());
-    assert_eq!(db.receipt_summary("h").await.unwrap().count, 2);
+    assert_eq!(db.receipt_summary("h", None).await.unwrap().count, 2);
 }
 
 #[tokio::test]

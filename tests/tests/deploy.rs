@@ -312,6 +312,25 @@ async fn deploy_rollback_history_and_refusals() {
     host.stop().await;
 
     assert_eq!(db.balance(1).await, Some(15));
+    // What one version did: the effects v2 produced.
+    let (code, out, err) = idem_cli(
+        &[
+            "receipts",
+            "show",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--handler",
+            "h",
+            "--digest",
+            &d2,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("digest: {d2}\nhandler: h\nreceipts: 2\n")),
+        "{out}"
+    );
     assert_eq!(
         applied(&db).await,
         vec![

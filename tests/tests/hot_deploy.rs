@@ -244,4 +244,17 @@ async fn a_restart_loads_the_component_from_the_cache() {
         "cache = false",
     );
     assert_eq!(cache_outcome(&cfg), "off");
+
+    // A cache others can write to is refused: what is there runs as code.
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cfg = config(dir.path(), &nats, &db, &guest("credit"), "", &runtime);
+    let (code, _, err) = idem_cli(&["run", "--drain", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        format!(
+            "idem: cannot start the wasm runtime: the compiled-component cache {} is writable by other users (mode 777); wasmtime runs what it finds there: chmod 700 it, or set [runtime] cache_dir or cache = false\n",
+            cache.display()
+        )
+    );
 }

@@ -341,3 +341,60 @@ async fn a_creds_file_authenticates_in_operator_mode() {
         "{err}"
     );
 }
+
+/// A comma-separated list of servers is a cluster: the host connects to
+/// the one that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_list_connects_to_the_live_one() {
+    let nats = Nats::start();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let list = format!("nats://127.0.0.1:{dead}, {}", nats.url());
+    let cfg = credit_config(dir.path(), &list, "", &db.url);
+    seed(&nats.url(), async_nats::ConnectOptions::new()).await;
+    assert_both_credited(&cfg, &db).await;
+}
+
+/// A client certificate whose key is another's is refused at load, by
+/// `idem config check`, naming both files; a plain server when TLS is
+/// required is a TLS failure at once, not a 10 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mismatched_client_key_and_a_plain_server_are_named() {
+    let pki = Pki::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = format!(
+        "tls_ca_file = \"{}\"\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"",
+        pki.path("ca.pem").display(),
+        pki.path("client.pem").display(),
+        pki.path("server-key.pem").display()
+    );
+    let cfg = credit_config(dir.path(), "nats://127.0.0.1:4222", &keys, "sqlite://x.db");
+    let (code, _, err) = idem_cli(&["config", "check", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "[broker] tls_key_file: {} and {} do not make a client certificate: ",
+            pki.path("client.pem").display(),
+            pki.path("server-key.pem").display()
+        )),
+        "{err}"
+    );
+
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let cfg = credit_config(dir.path(), &nats.url(), "tls_required = true", &db.url);
+    let started = std::time::Instant::now();
+    let (code, _, err) = drain(&cfg);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(&format!("idem: TLS with NATS at {} failed (", nats.url())),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(8));
+}

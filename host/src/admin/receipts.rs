@@ -16,9 +16,14 @@ use std::time::Duration;
 /// retention window is measured on), and the retention window from the config.
 /// With `MESSAGE_ID`: that receipt's fields; none is an error (exit 1, so a
 /// script can test for it), since the message then counts as never processed.
-pub async fn show(config_path: &Path, name: &str, message_id: Option<&str>) -> anyhow::Result<()> {
+pub async fn show(
+    config_path: &Path,
+    name: &str,
+    message_id: Option<&str>,
+    digest: Option<&str>,
+) -> anyhow::Result<()> {
     let (config, db) = super::open(config_path).await?;
-    let result = show_on(&config, config_path, &db, name, message_id).await;
+    let result = show_on(&config, config_path, &db, name, message_id, digest).await;
     db.close().await;
     result
 }
@@ -29,11 +34,15 @@ async fn show_on(
     db: &Database,
     name: &str,
     message_id: Option<&str>,
+    digest: Option<&str>,
 ) -> anyhow::Result<()> {
     let handler = super::handler(config, config_path, name)?;
     match message_id {
         None => {
-            let summary = db.receipt_summary(name).await?;
+            let summary = db.receipt_summary(name, digest).await?;
+            if let Some(d) = digest {
+                println!("digest: {d}");
+            }
             print!("{}", summary_text(name, &summary, handler.retention));
             Ok(())
         }

@@ -56,7 +56,7 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
             }
         });
     let client = options
-        .connect(broker.url.as_str())
+        .connect(broker.servers())
         .await
         .with_context(|| format!("cannot connect to NATS at {shown}; check [broker] url and that nats-server runs with -js"))?;
     // `retry_on_initial_connect` returns at once; prove the server answers.
@@ -144,9 +144,16 @@ fn failure_kind(error: &str) -> Failure {
         || lower.contains("signing nonce")
     {
         Failure::Refused
-    } else if ["tls", "certificate", "handshake", "alert"]
-        .iter()
-        .any(|w| lower.contains(w))
+    } else if [
+        "tls",
+        "certificate",
+        "handshake",
+        "alert",
+        "corrupt message",
+        "invalidcontenttype",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
     {
         Failure::Tls
     } else {
@@ -162,7 +169,7 @@ async fn diagnose(broker: &BrokerConfig) -> Option<String> {
         .await
         .ok()?
         .connection_timeout(Duration::from_secs(5));
-    match options.connect(broker.url.as_str()).await {
+    match options.connect(broker.servers()).await {
         Ok(client) => {
             drop(client);
             None

@@ -115,6 +115,15 @@ impl BrokerConfig {
         }
     }
 
+    /// The server URLs of `url`: the comma-separated list, each trimmed.
+    pub fn servers(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+
     /// Whether idem must speak TLS: `tls_required`, a `tls://` URL or any
     /// `tls_*_file` set.
     pub fn requires_tls(&self) -> bool {
@@ -144,6 +153,7 @@ impl BrokerConfig {
                 problems.push((key, message));
             }
         };
+        note("url", check_servers(&self.servers()));
         note(
             "token_file",
             read_into(&mut self.token, &mut self.token_file, "token", secrets),
@@ -223,6 +233,13 @@ impl BrokerConfig {
             ),
             _ => {}
         }
+        // The pair, once each file is readable and holds what it should.
+        if !problems.iter().any(|(k, _)| k.starts_with("tls_"))
+            && let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file)
+            && let Err(message) = check_client_pair(cert, key)
+        {
+            problems.push(("tls_key_file", message));
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -279,6 +296,77 @@ fn check_file(key: &str, path: &Path) -> Result<(), String> {
         _ => Ok(()),
     };
     what.map_err(|missing| format!("{} has {missing}", path.display()))
+}
+
+/// Each server address parses as the NATS client parses it, and carries
+/// no credentials: the client does not use a URL's user, password or
+/// token (they belong in `user`/`password_file` or `token_file`), and the
+/// URL is printed in messages. The messages never repeat the URL.
+fn check_servers(servers: &[&str]) -> Result<(), String> {
+    if servers.is_empty() {
+        return Err(
+            "no server address; set it to nats://host:4222 (a comma-separated list for a cluster)"
+                .into(),
+        );
+    }
+    for (i, server) in servers.iter().enumerate() {
+        let n = i + 1;
+        let with_scheme = if server.contains("://") {
+            (*server).to_owned()
+        } else {
+            format!("nats://{server}")
+        };
+        if let Ok(u) = url::Url::parse(&with_scheme)
+            && (!u.username().is_empty() || u.password().is_some())
+        {
+            return Err(format!(
+                "server {n} of the url carries credentials, which idem does not send from a url; remove them and set user with password_file, or token_file"
+            ));
+        }
+        if let Err(e) = server.parse::<async_nats::ServerAddr>() {
+            return Err(format!(
+                "server {n} of the url is not a NATS server address: {e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A client certificate and key rustls accepts together, as the NATS
+/// client will load them: the key matches the certificate, the certificate
+/// is X.509 v3, the key is not encrypted.
+fn check_client_pair(cert: &Path, key: &Path) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let key_pem = std::fs::read(key).map_err(|e| format!("cannot read {}: {e}", key.display()))?;
+    if key_pem
+        .windows(b"ENCRYPTED PRIVATE KEY".len())
+        .any(|w| w == b"ENCRYPTED PRIVATE KEY")
+    {
+        return Err(format!(
+            "{} is an encrypted private key, which idem cannot use; decrypt it (openssl pkcs8 -in KEY -out PLAIN.pem) and keep the file readable by idem only",
+            key.display()
+        ));
+    }
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{} is not PEM: {e}", cert.display()))?;
+    let private = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|_| format!("{} has no PRIVATE KEY block", key.display()))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(certs, private)
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "{} and {} do not make a client certificate: {e} (the key must be the certificate's, and the certificate X.509 v3)",
+                cert.display(),
+                key.display()
+            )
+        })
 }
 
 /// A user NKey seed: decodes, and is a user's (`SU…`), not an account's or
@@ -407,6 +495,39 @@ mod tests {
             e[2].1,
             "a client certificate needs its key in `tls_key_file`"
         );
+    }
+
+    #[test]
+    fn a_server_list_is_read_and_credentials_in_it_refused_unshown() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = resolved(
+            "url = \"nats://127.0.0.1:4222, nats://127.0.0.1:4223\"\n",
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            b.servers(),
+            ["nats://127.0.0.1:4222", "nats://127.0.0.1:4223"]
+        );
+        for url in [
+            "nats://s3cr3t-tok@h:4222",
+            "nats://a:4222,nats://u:s3cr3t-pw@b:4222",
+        ] {
+            let e = resolved(&format!("url = \"{url}\"\n"), dir.path()).unwrap_err();
+            assert_eq!(e.len(), 1);
+            assert_eq!(e[0].0, "url");
+            assert!(e[0].1.contains("carries credentials"), "{}", e[0].1);
+            assert!(!e[0].1.contains("s3cr3t"), "{}", e[0].1);
+        }
+        let e = resolved("url = \"nats://h:99999\"\n", dir.path()).unwrap_err();
+        assert!(
+            e[0].1
+                .starts_with("server 1 of the url is not a NATS server address: "),
+            "{}",
+            e[0].1
+        );
+        let e = resolved("url = \" , \"\n", dir.path()).unwrap_err();
+        assert!(e[0].1.starts_with("no server address"), "{}", e[0].1);
     }
 
     #[test]

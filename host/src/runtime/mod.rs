@@ -511,6 +511,45 @@ fn truncate(mut reason: String) -> String {
     reason
 }
 
+/// Refuses a cache directory another user could write to: wasmtime loads
+/// what it finds there as machine code after checking only that this
+/// wasmtime with these settings made it, so a file planted there would run
+/// as the handler (with its receipts naming another component). The
+/// directory must be a directory owned by idem's user and not writable by
+/// group or others; what it holds is then as trusted as the binary.
+fn check_cache_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use the compiled-component cache {}: {e}; set [runtime] cache_dir to a directory only idem's user can write, or cache = false",
+            dir.display()
+        )
+    })?;
+    if !meta.is_dir() {
+        anyhow::bail!(
+            "the compiled-component cache {} is not a directory; set [runtime] cache_dir to a directory only idem's user can write, or cache = false",
+            dir.display()
+        );
+    }
+    // The owner of /proc/self is this process's effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    if me.is_some_and(|me| me != meta.uid()) {
+        anyhow::bail!(
+            "the compiled-component cache {} belongs to another user (uid {}); wasmtime runs what it finds there: use a directory idem's user owns ([runtime] cache_dir) or cache = false",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "the compiled-component cache {} is writable by other users (mode {:o}); wasmtime runs what it finds there: chmod 700 it, or set [runtime] cache_dir or cache = false",
+            dir.display(),
+            meta.mode() & 0o777
+        );
+    }
+    Ok(())
+}
+
 /// wasmtime's cache in `dir`, which is created (mode 0700: only idem's user
 /// may put code there) when missing.
 fn open_cache(dir: &Path) -> anyhow::Result<wasmtime::Cache> {
@@ -527,6 +566,7 @@ fn open_cache(dir: &Path) -> anyhow::Result<wasmtime::Cache> {
                 )
             })?;
     }
+    check_cache_dir(dir)?;
     let mut config = wasmtime::CacheConfig::new();
     config.with_directory(dir);
     wasmtime::Cache::new(config).map_err(|e| {

@@ -156,15 +156,20 @@ impl Database {
         ))
     }
 
-    /// How many receipts `consumer` has, and the oldest and newest
-    /// `published_ms` among them (one statement, by the
+    /// How many receipts `consumer` has (only those whose effect the
+    /// component `digest` produced, when given: what a version did), and
+    /// the oldest and newest `published_ms` among them (one statement, by the
     /// `(consumer, published_ms)` index).
     ///
     /// # Errors
     /// The statement fails (see [`StoreError::class`]).
-    pub async fn receipt_summary(&self, consumer: &str) -> Result<ReceiptSummary, StoreError> {
+    pub async fn receipt_summary(
+        &self,
+        consumer: &str,
+        digest: Option<&str>,
+    ) -> Result<ReceiptSummary, StoreError> {
         let (count, oldest_ms, newest_ms) =
-            dispatch!(&self.0, b => b.receipt_summary(consumer).await)?;
+            dispatch!(&self.0, b => b.receipt_summary(consumer, digest).await)?;
         Ok(ReceiptSummary {
             count: u64::try_from(count).unwrap_or(0),
             oldest_ms,

@@ -34,6 +34,12 @@ pub(super) const OLDEST_RECEIPT: &str =
 pub(super) const RECEIPT_SUMMARY: &str = "SELECT count(*), min(published_ms), max(published_ms)
                                FROM idem_receipts WHERE consumer = $1";
 
+/// `$1`'s receipts whose effect component `$2` (a digest) produced:
+/// count and publish-time span.
+pub(super) const RECEIPT_SUMMARY_BY_DIGEST: &str =
+    "SELECT count(*), min(published_ms), max(published_ms)
+     FROM idem_receipts WHERE consumer = $1 AND module_digest = $2";
+
 /// Deletes `$1`'s receipt for message `$2`.
 pub(super) const FORGET_RECEIPT: &str =
     "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id = $2";

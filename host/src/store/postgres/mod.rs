@@ -292,11 +292,16 @@ impl Pool {
     pub(super) async fn receipt_summary(
         &self,
         consumer: &str,
+        digest: Option<&str>,
     ) -> Result<(i64, Option<i64>, Option<i64>), sqlx::Error> {
-        sqlx::query_as(sql::RECEIPT_SUMMARY)
-            .bind(consumer)
-            .fetch_one(&self.0)
-            .await
+        match digest {
+            None => sqlx::query_as(sql::RECEIPT_SUMMARY).bind(consumer),
+            Some(d) => sqlx::query_as(sql::RECEIPT_SUMMARY_BY_DIGEST)
+                .bind(consumer)
+                .bind(d),
+        }
+        .fetch_one(&self.0)
+        .await
     }
 
     pub(super) async fn prune_batch(

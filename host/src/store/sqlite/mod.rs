@@ -216,7 +216,7 @@ impl Pool {
         &self,
         consumer: &str,
     ) -> Result<(i64, Option<i64>), sqlx::Error> {
-        let (rows, oldest, _newest) = self.receipt_summary(consumer).await?;
+        let (rows, oldest, _newest) = self.receipt_summary(consumer, None).await?;
         Ok((rows, oldest))
     }
 
@@ -305,11 +305,16 @@ impl Pool {
     pub(super) async fn receipt_summary(
         &self,
         consumer: &str,
+        digest: Option<&str>,
     ) -> Result<(i64, Option<i64>, Option<i64>), sqlx::Error> {
-        sqlx::query_as(sql::RECEIPT_SUMMARY)
-            .bind(consumer)
-            .fetch_one(&self.0)
-            .await
+        match digest {
+            None => sqlx::query_as(sql::RECEIPT_SUMMARY).bind(consumer),
+            Some(d) => sqlx::query_as(sql::RECEIPT_SUMMARY_BY_DIGEST)
+                .bind(consumer)
+                .bind(d),
+        }
+        .fetch_one(&self.0)
+        .await
     }
 
     pub(super) async fn prune_batch(
