@@ -1,0 +1,185 @@
+//! Host start to first message processed, with the compiled-component cache
+//! cold (an empty `[runtime] cache_dir`) and warm (the same directory on the
+//! next start), for the credit handler in each language.
+//!
+//! Run: `cargo bench -p idem --bench cold_start` (needs `nats-server`:
+//! `$IDEM_NATS_SERVER` or `.tools/venv/bin/nats-server` from
+//! `scripts/setup.sh`; the components from `scripts/build-guests.sh` and
+//! `scripts/build-lang-guests.sh` in `$CARGO_TARGET_DIR/guests`, a missing one
+//! gets a row that says so).
+//!
+//! Each start is one `Host::start` + `Host::run(Drain)` in this process on a
+//! fresh SQLite file, against a private nats-server, with one credit message
+//! published beforehand on a stream of its own: the time runs from the
+//! start call to the drain's end (the message committed and acked). It
+//! includes connecting, the host tables, the migrations, the stream and
+//! consumer, opening the deploy buckets and loading the component; only the
+//! load differs between cold and warm. Columns: the component's size, the
+//! cold start, the median of 3 warm starts, and cold ÷ warm.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use anyhow::{Context as _, Result};
+use idem::config::Config;
+use idem::service::{Host, RunMode};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The components, in the order of the table: label and file in `guests`.
+const COMPONENTS: [(&str, &str); 5] = [
+    ("Rust", "credit.wasm"),
+    ("C", "credit-c.wasm"),
+    ("JavaScript (QuickJS)", "credit-js-quickjs.wasm"),
+    (
+        "JavaScript (StarlingMonkey)",
+        "credit-js-starlingmonkey.wasm",
+    ),
+    ("Python", "credit-python.wasm"),
+];
+
+/// Warm starts per component (the median is shown).
+const WARM_RUNS: usize = 3;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn guests_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("guests")
+}
+
+/// A private nats-server with JetStream, killed on drop.
+struct Nats {
+    child: Child,
+    port: u16,
+    _store: tempfile::TempDir,
+}
+
+impl Nats {
+    fn start() -> Result<Self> {
+        let bin = std::env::var_os("IDEM_NATS_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join(".tools/venv/bin/nats-server"));
+        let store = tempfile::tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(&bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}; run scripts/setup.sh", bin.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Nats {
+            child,
+            port,
+            _store: store,
+        })
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One start: a fresh database, a stream `S<n>` holding one credit, and a
+/// host running `module` with `cache`; returns the time to the drain's end.
+async fn start_once(nats: &Nats, n: usize, module: &Path, cache: &Path) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let url = format!("nats://127.0.0.1:{}", nats.port);
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await?);
+    let (stream, subject) = (format!("S{n}"), format!("s{n}.credit"));
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![subject.clone()],
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        ..Default::default()
+    })
+    .await?;
+    js.publish(
+        subject.clone(),
+        r#"{"event_id":"e1","account_id":1,"amount":5}"#.into(),
+    )
+    .await?
+    .await?;
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{url}\"\n[database]\nurl = \"sqlite://{}\"\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{n}\"\nmodule = \"{}\"\nstream = \"{stream}\"\nsubjects = [\"{subject}\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n",
+            dir.path().join("idem.db").display(),
+            cache.display(),
+            module.display(),
+            root().join("examples/credit/migrations").display()
+        ),
+    )?;
+    let config = Config::load(&cfg)?;
+    let started = Instant::now();
+    let host = Host::start(&config).await?;
+    let summary = host.run(RunMode::Drain, CancellationToken::new()).await;
+    let took = started.elapsed();
+    anyhow::ensure!(
+        summary.first().is_some_and(|(_, s)| s.processed == 1),
+        "the message was not processed"
+    );
+    Ok(took)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn bench() -> Result<()> {
+    let nats = Nats::start()?;
+    println!(
+        "| component | KiB | start, cold cache | start, warm cache (median of {WARM_RUNS}) | cold ÷ warm |"
+    );
+    println!("|---|--:|--:|--:|--:|");
+    let mut n = 0;
+    for (label, file) in COMPONENTS {
+        let module = guests_dir().join(file);
+        let Ok(meta) = std::fs::metadata(&module) else {
+            println!("| {label} | - | missing: {} | | |", module.display());
+            continue;
+        };
+        let cache = tempfile::tempdir()?;
+        n += 1;
+        let cold = start_once(&nats, n, &module, cache.path()).await?;
+        let mut warm = Vec::new();
+        for _ in 0..WARM_RUNS {
+            n += 1;
+            warm.push(start_once(&nats, n, &module, cache.path()).await?);
+        }
+        warm.sort();
+        let median = warm[warm.len() / 2];
+        println!(
+            "| {label} | {} | {} | {} | {:.1}× |",
+            meta.len() / 1024,
+            ms(cold),
+            ms(median),
+            cold.as_secs_f64() / median.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench())
+}
