@@ -75,6 +75,52 @@ fn with_custom_section(bytes: &[u8], tag: &str) -> Vec<u8> {
     out
 }
 
+/// The credit component with a core start function that traps: it loads
+/// and links, and fails as soon as it is instantiated. Made from the
+/// credit guest's core module with wasm-tools (print, add the start
+/// function, parse, `component new`).
+fn traps_when_instantiated(dir: &Path) -> PathBuf {
+    let tools = std::env::var_os("WASM_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".tools/venv/bin/wasm-tools"));
+    let core = target_dir().join("wasm32-unknown-unknown/guest/credit.wasm");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(&tools)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let wat = String::from_utf8(run(&["print".as_ref(), core.as_os_str()])).unwrap();
+    let wat = wat.trim_end().strip_suffix(')').unwrap().to_owned()
+        + "  (func $idem_trap_at_start unreachable)\n  (start $idem_trap_at_start)\n)\n";
+    let (wat_path, core_path, out) = (
+        dir.join("trap.wat"),
+        dir.join("trap-core.wasm"),
+        dir.join("trap.wasm"),
+    );
+    std::fs::write(&wat_path, wat).unwrap();
+    run(&[
+        "parse".as_ref(),
+        wat_path.as_os_str(),
+        "-o".as_ref(),
+        core_path.as_os_str(),
+    ]);
+    run(&[
+        "component".as_ref(),
+        "new".as_ref(),
+        core_path.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    out
+}
+
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
@@ -169,7 +215,9 @@ async fn deploy_rollback_history_and_refusals() {
     // handler without `wasi = true`, not WebAssembly at all, an unknown handler.
     let junk = dir.path().join("junk.wasm");
     std::fs::write(&junk, b"not wasm").unwrap();
+    let trap = traps_when_instantiated(dir.path());
     for (module, says) in [
+        (trap, "traps when instantiated: "),
         (guest("wrong-world"), "refused, nothing deployed: "),
         (
             guest("credit-wasip2"),

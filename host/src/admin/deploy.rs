@@ -170,12 +170,16 @@ async fn validate(
         Runtime::with_cache(1, cache.as_deref())
             .map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
     );
-    let (bytes, origin) = (bytes.to_vec(), origin.to_path_buf());
-    tokio::task::spawn_blocking(move || runtime.load_bytes(&bytes, &origin, options))
+    let (bytes, path) = (bytes.to_vec(), origin.to_path_buf());
+    let rt = runtime.clone();
+    let component = tokio::task::spawn_blocking(move || rt.load_bytes(&bytes, &path, options))
         .await
         .map_err(|e| anyhow::anyhow!("the validation task failed: {e}"))?
         .map_err(|e| anyhow::anyhow!("refused, nothing deployed: {e}"))?;
-    Ok(())
+    runtime
+        .check_instantiates(&component)
+        .await
+        .map_err(|e| anyhow::anyhow!("refused, nothing deployed: {}: {e}", origin.display()))
 }
 
 /// `user@host` of this command.

@@ -39,12 +39,14 @@ pub enum Installed {
 }
 
 /// Validates and compiles `bytes` (read from `origin`, named in errors) on
-/// a blocking thread and swaps the result into `slot`; logs the swap, or
+/// a blocking thread, instantiates it once ([`Runtime::check_instantiates`])
+/// and swaps the result into `slot`; logs the swap, or
 /// the refusal once per refused digest.
 ///
 /// # Errors
 /// The component does not load ([`LoadError`]: not a component, another
-/// world, an import the host does not provide, does not compile); `slot`
+/// world, an import the host does not provide, does not compile, traps
+/// when instantiated); `slot`
 /// is unchanged and remembers the refusal.
 pub async fn install(
     runtime: &Arc<Runtime>,
@@ -68,6 +70,17 @@ pub async fn install(
                 detail: format!("the compile task failed: {e}"),
             })
         });
+    // A component that traps when instantiated would fail every message.
+    let loaded = match loaded {
+        Ok(component) => match runtime.check_instantiates(&component).await {
+            Ok(()) => Ok(component),
+            Err(detail) => Err(LoadError::Invalid {
+                path: origin.clone(),
+                detail,
+            }),
+        },
+        Err(e) => Err(e),
+    };
     match loaded {
         Ok(component) => {
             let to = component.digest().to_owned();

@@ -332,6 +332,61 @@ impl Runtime {
         Ok(Arc::new(component))
     }
 
+    /// Instantiates `component` once without calling `handle`, in a
+    /// throwaway transaction on an in-memory SQLite database with no table
+    /// granted and the default limits: whatever runs at instantiation
+    /// (start functions, static initialisers) runs, so a component that
+    /// traps there is found before it is deployed or swapped in.
+    ///
+    /// # Errors
+    /// One line: the instantiation trapped (and why: deadline, memory, the
+    /// guest's own trap) or could not be made.
+    pub async fn check_instantiates(&self, component: &HandlerComponent) -> Result<(), String> {
+        let db = crate::store::Database::connect("sqlite::memory:", 1)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let tx = db.begin().await.map_err(|e| e.to_string())?;
+        let limits = Limits::default();
+        let deadline = Instant::now() + limits.deadline;
+        let state = HostState::new(
+            tx,
+            Arc::from("instantiation check"),
+            String::new(),
+            Arc::new(SqlGuard::new(db.kind(), &[])),
+            limits.clone(),
+            deadline,
+            Arc::new(crate::metrics::HandlerStats::default()),
+        );
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut ctx| {
+            if Instant::now() >= deadline {
+                ctx.data_mut().stop = Some(Stop::Deadline);
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let outer = limits.deadline + Duration::from_secs(1);
+        let made = tokio::time::timeout(outer, component.pre.instantiate_async(&mut store)).await;
+        let result = match made {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "traps when instantiated: {}",
+                describe_trap(&e, store.data().stop, &limits)
+            )),
+            Err(_) => Err(format!(
+                "did not finish instantiating within {:?}",
+                limits.deadline
+            )),
+        };
+        let state = store.into_data();
+        let _ = state.tx.rollback().await;
+        db.close().await;
+        result
+    }
+
     /// Runs `handle` for one message in a fresh instance, with `tx` as the
     /// guest's transaction, and hands the transaction back: commit or roll it
     /// back according to the result. Never panics and never fails the host:
