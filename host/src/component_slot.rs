@@ -31,8 +31,11 @@ pub struct Refused {
     pub digest: String,
     /// Why, one line ([`crate::runtime::LoadError`]'s message).
     pub reason: String,
-    /// When it was refused (the host's clock).
+    /// When it was last refused (the host's clock).
     pub at: SystemTime,
+    /// The deployments bucket's revision of the record that named it
+    /// (`None`: from the module file).
+    pub revision: Option<u64>,
 }
 
 impl ComponentSlot {
@@ -67,28 +70,38 @@ impl ComponentSlot {
         old
     }
 
-    /// Remembers that the version `digest` could not be loaded, for
-    /// `reason`. Returns whether this is news (another digest, or none was
-    /// refused): the caller logs only then, so a version offered again and
-    /// again is reported once.
-    pub fn refuse(&self, digest: &str, reason: &str) -> bool {
+    /// Remembers that the version `digest` (from the deployment record at
+    /// KV `revision`, when it came from one) could not be loaded, for
+    /// `reason`, now. Returns whether this is news (another digest or
+    /// another reason than the last refusal): the caller logs only then, so
+    /// a version offered again and again is reported once.
+    pub fn refuse(&self, digest: &str, reason: &str, revision: Option<u64>) -> bool {
         let Ok(mut refused) = self.refused.lock() else {
             return true;
         };
-        let news = refused.as_ref().is_none_or(|r| r.digest != digest);
-        if news {
-            *refused = Some(Refused {
-                digest: digest.to_owned(),
-                reason: reason.to_owned(),
-                at: SystemTime::now(),
-            });
-        }
+        let news = refused
+            .as_ref()
+            .is_none_or(|r| r.digest != digest || r.reason != reason);
+        *refused = Some(Refused {
+            digest: digest.to_owned(),
+            reason: reason.to_owned(),
+            at: SystemTime::now(),
+            revision,
+        });
         news
     }
 
     /// The last version refused since the current one was put in place.
     pub fn refused(&self) -> Option<Refused> {
         self.refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Forgets a refused version (the deployment now names the one in
+    /// place, so there is nothing refused to report).
+    pub fn clear_refused(&self) {
+        if let Ok(mut refused) = self.refused.lock() {
+            *refused = None;
+        }
     }
 
     fn info(&self, digest: &str, value: f64) {

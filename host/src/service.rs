@@ -231,8 +231,12 @@ impl Host {
         let gate = Arc::new(DbGate::new(db.clone(), stop.clone()));
         let nats = broker::connect(&config.broker).await?;
         let js = &nats.js;
+        // Deploy traffic (a component can be megabytes) goes over a
+        // connection of its own, so a fetch never delays the consumers'
+        // pulls and heartbeats on the main one.
         let deploy = if config.deploy.follow {
-            Some(crate::deploy::store::DeployStore::open(js, &config.deploy).await?)
+            let own = broker::connect(&config.broker).await?;
+            Some(crate::deploy::store::DeployStore::open(&own.js, &config.deploy).await?)
         } else {
             None
         };

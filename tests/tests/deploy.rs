@@ -191,13 +191,13 @@ async fn deploy_rollback_history_and_refusals() {
     publish(&js, "accounts.credit", &credit("e2", 1, 2), &[]).await;
     host.wait_for("h", "e2", |s| s.processed == 2).await;
 
-    // The same version again changes nothing.
+    // The same version again is recorded again (hosts that refused it retry).
     let (code, out, _) = deploy(&cfg, &["h", v2_path.to_str().unwrap()]);
     assert_eq!(
         (code, out.as_str()),
         (
             0,
-            format!("`h` already has {d2} deployed; nothing changed\n").as_str()
+            format!("`h` already had {d2} deployed; recorded again (revision 2) so hosts that refused it try again\n").as_str()
         )
     );
 
@@ -205,7 +205,7 @@ async fn deploy_rollback_history_and_refusals() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out.lines().next().unwrap(),
-        format!("deployed {d1} to `h` (revision 2, previous {d2})")
+        format!("deployed {d1} to `h` (revision 3, previous {d2})")
     );
     assert_eq!(slot.current().digest(), d1);
     publish(&js, "accounts.credit", &credit("e3", 1, 4), &[]).await;
@@ -240,7 +240,7 @@ async fn deploy_rollback_history_and_refusals() {
     let (code, out, _) = deploy(&cfg, &["h", "--history"]);
     assert_eq!(code, 0);
     let history: Vec<&str> = out.lines().collect();
-    assert_eq!(history.len(), 2, "{out}");
+    assert_eq!(history.len(), 3, "{out}");
     assert!(history[0].starts_with("revision 1  "), "{out}");
     assert!(
         history[0].contains(&format!("  {d2}  previous {d1}  by ")),
@@ -248,10 +248,15 @@ async fn deploy_rollback_history_and_refusals() {
     );
     assert!(history[0].ends_with("  note log credits"), "{out}");
     assert!(
-        history[1].contains(&format!("  {d1}  previous {d2}  by ")),
+        history[1].contains(&format!("  {d2}  previous {d1}  by ")),
         "{out}"
     );
-    assert!(history[1].ends_with("  note rollback"), "{out}");
+    assert!(history[1].ends_with("  note deployed again"), "{out}");
+    assert!(
+        history[2].contains(&format!("  {d1}  previous {d2}  by ")),
+        "{out}"
+    );
+    assert!(history[2].ends_with("  note rollback"), "{out}");
 
     // Records the deploy command would never write, put by hand: the host
     // refuses each and keeps v1.
@@ -294,6 +299,19 @@ async fn deploy_rollback_history_and_refusals() {
             String::new(),
             "not a deployment record",
         ),
+        (
+            Deployment {
+                digest: dg.clone(),
+                previous: None,
+                deployed_at: "2026-12-01T00:00:00Z".into(),
+                note: String::new(),
+                size: 1,
+                by: "hand".into(),
+            }
+            .to_value(),
+            dg.clone(),
+            "not the 1 its deployment record gives",
+        ),
     ] {
         let revision = store.deployments().put("h", record.into()).await.unwrap();
         let expect = if refused_digest.is_empty() {
@@ -317,7 +335,7 @@ async fn deploy_rollback_history_and_refusals() {
     let out = loop {
         let (code, out, err) = idem_cli(&["status", "--config", cfg.to_str().unwrap()], &[]);
         assert_eq!(code, 0, "{err}");
-        if out.contains(" refused revision ") || Instant::now() > deadline {
+        if out.contains(&format!(" refused {dg}: ")) || Instant::now() > deadline {
             break out;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -325,11 +343,55 @@ async fn deploy_rollback_history_and_refusals() {
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(
         out.contains(&format!(
-            " h {d1} in_flight=0 processed=3 duplicates=0 dead_lettered=0 since "
+            " h {d1} (deployed: {dg}) in_flight=0 processed=3 duplicates=0 dead_lettered=0 since "
         )),
         "{out}"
     );
-    assert!(out.contains(" refused revision "), "{out}");
+    assert!(
+        out.contains(&format!(
+            " refused {dg}: component {dg} in bucket idem-modules is "
+        )),
+        "{out}"
+    );
+
+    // A version refused because its object was missing is tried again
+    // once it is deployed again.
+    let v2_bytes = std::fs::read(&v2_path).unwrap();
+    js.get_object_store("idem-modules")
+        .await
+        .unwrap()
+        .delete(&d2)
+        .await
+        .unwrap();
+    let record = Deployment {
+        digest: d2.clone(),
+        previous: Some(d1.clone()),
+        deployed_at: "2026-12-01T00:00:00Z".into(),
+        note: String::new(),
+        size: v2_bytes.len() as u64,
+        by: "hand".into(),
+    };
+    store
+        .deployments()
+        .put("h", record.to_value().into())
+        .await
+        .unwrap();
+    eventually("v2 refused while its object is missing", || {
+        slot.refused().is_some_and(|r| r.digest == d2)
+    })
+    .await;
+    assert_eq!(slot.current().digest(), d1);
+    let (code, out, err) = deploy(&cfg, &["h", v2_path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("recorded again"), "{out}");
+    eventually("v2 in place after the redeploy", || {
+        slot.current().digest() == d2
+    })
+    .await;
+    assert_eq!(slot.refused(), None);
+    let (code, _, err) = deploy(&cfg, &["h", "--rollback", "--wait", "--timeout", "20s"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(slot.current().digest(), d1);
 
     // A compare-and-set from a stale revision is refused.
     let current = store.current("h").await.unwrap().unwrap();

@@ -91,7 +91,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
                 h.name
             );
         };
-        let bytes = store.fetch_module(&previous).await?;
+        let bytes = store.fetch_module(&previous, None).await?;
         (bytes, PathBuf::from(format!("deployment {previous}")))
     } else {
         let module = args.module.clone().unwrap_or_default();
@@ -116,9 +116,26 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
             Err(_) => None,
         },
     };
-    if running.as_ref().is_some_and(|d| d.digest == digest) {
+    let started = OffsetDateTime::now_utc();
+    if let Some(d) = running.as_ref().filter(|d| d.digest == digest) {
+        // Recorded again (a new revision, the same previous): a host that
+        // refused it, say while its object was missing, tries again.
+        store.put_module(&digest, &bytes).await?;
+        let again = Deployment {
+            deployed_at: started.format(&Rfc3339).unwrap_or_default(),
+            note: if args.note.is_empty() {
+                "deployed again".to_owned()
+            } else {
+                args.note.clone()
+            },
+            by: who(),
+            ..d.clone()
+        };
+        let revision = store
+            .record(&h.name, &again, current.as_ref().map(|c| c.revision))
+            .await?;
         println!(
-            "`{}` already has {digest} deployed; nothing changed",
+            "`{}` already had {digest} deployed; recorded again (revision {revision}) so hosts that refused it try again",
             h.name
         );
     } else {
@@ -151,7 +168,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         );
     }
     if args.wait {
-        wait_for_hosts(&store, &h.name, &digest, args.timeout).await?;
+        wait_for_hosts(&store, &h.name, &digest, args.timeout, started).await?;
     }
     Ok(())
 }
@@ -241,39 +258,32 @@ async fn reports(store: &DeployStore) -> anyhow::Result<Vec<HostReport>> {
     Ok(reports)
 }
 
-/// Waits until every live host that runs `handler` runs `digest`.
+/// Waits until every live host that runs `handler` runs `digest`, as told
+/// by a report it wrote after `since` (the deploy): an older report says
+/// what the host ran before.
 async fn wait_for_hosts(
     store: &DeployStore,
     handler: &str,
     digest: &str,
     timeout: Duration,
+    since: OffsetDateTime,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let reports = reports(store).await?;
-        let behind: Vec<String> = reports
-            .iter()
-            .flat_map(|r| {
-                r.handlers
-                    .iter()
-                    .filter(|h| h.name == handler && h.digest != digest)
-                    .map(move |h| match &h.refused {
-                        Some((d, reason)) if d == digest => {
-                            format!("{} (refused it: {reason})", r.host)
-                        }
-                        _ => format!("{} (runs {})", r.host, h.digest),
-                    })
-            })
-            .collect();
-        let on: Vec<&str> = reports
-            .iter()
-            .filter(|r| {
-                r.handlers
-                    .iter()
-                    .any(|h| h.name == handler && h.digest == digest)
-            })
-            .map(|r| r.host.as_str())
-            .collect();
+        let (mut on, mut behind) = (Vec::new(), Vec::new());
+        for r in reports(store).await? {
+            let fresh = OffsetDateTime::parse(&r.reported_at, &Rfc3339).is_ok_and(|at| at >= since);
+            for h in r.handlers.iter().filter(|h| h.name == handler) {
+                match &h.refused {
+                    _ if fresh && h.digest == digest => on.push(r.host.clone()),
+                    Some((d, reason)) if fresh && d == digest => {
+                        behind.push(format!("{} (refused it: {reason})", r.host));
+                    }
+                    _ if !fresh => behind.push(format!("{} (no report since the deploy)", r.host)),
+                    _ => behind.push(format!("{} (runs {})", r.host, h.digest)),
+                }
+            }
+        }
         if behind.is_empty() {
             if on.is_empty() {
                 println!("no live host runs `{handler}`");

@@ -37,6 +37,14 @@ async fn show_on(
     digest: Option<&str>,
 ) -> anyhow::Result<()> {
     let handler = super::handler(config, config_path, name)?;
+    if let Some(d) = digest
+        && !crate::deploy::record::is_digest(d)
+    {
+        anyhow::bail!(
+            "--digest takes a component's whole sha256, 64 lowercase hex digits (as `idem status` and `idem deploy --history` print it), not `{}`",
+            printable(d)
+        );
+    }
     match message_id {
         None => {
             let summary = db.receipt_summary(name, digest).await?;

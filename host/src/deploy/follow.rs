@@ -24,6 +24,9 @@ use tokio_util::sync::CancellationToken;
 /// How often every followed handler's key is read, watch or no watch.
 pub const POLL: Duration = Duration::from_secs(30);
 
+/// How long a refused version is left alone before it is tried again.
+pub const RETRY_REFUSED: Duration = Duration::from_secs(60);
+
 /// One handler a host follows.
 pub struct Followed {
     /// The handler's name (its key in the deployments bucket).
@@ -52,21 +55,37 @@ pub async fn apply(
         Ok(d) => d,
         Err(reason) => {
             let digest = format!("revision {}", current.revision);
-            refuse(handler, &digest, &format!("deployment record: {reason}"));
+            refuse(
+                handler,
+                &digest,
+                &format!("deployment record: {reason}"),
+                current.revision,
+            );
             return Err(reason.clone());
         }
     };
     let digest = &deployment.digest;
-    if handler.slot.current().digest() == digest
-        || handler.slot.refused().is_some_and(|r| &r.digest == digest)
+    if handler.slot.current().digest() == digest {
+        // The record names what runs: nothing is refused any more.
+        handler.slot.clear_refused();
+        return Ok(Installed::Unchanged);
+    }
+    // A refused version is tried again once its refusal is older than
+    // RETRY_REFUSED (the cause may be gone: an object put back, a broker
+    // that answers again), or at once when the record is a new one (a
+    // redeploy of the same digest).
+    if let Some(r) = handler.slot.refused()
+        && &r.digest == digest
+        && r.revision == Some(current.revision)
+        && r.at.elapsed().unwrap_or_default() < RETRY_REFUSED
     {
         return Ok(Installed::Unchanged);
     }
-    let bytes = match store.fetch_module(digest).await {
+    let bytes = match store.fetch_module(digest, Some(deployment.size)).await {
         Ok(bytes) => bytes,
         Err(e) => {
             let reason = format!("{e:#}");
-            refuse(handler, digest, &reason);
+            refuse(handler, digest, &reason, current.revision);
             return Err(reason);
         }
     };
@@ -77,6 +96,7 @@ pub async fn apply(
         bytes,
         origin,
         handler.options,
+        Some(current.revision),
     )
     .await
     .map_err(|e| e.to_string())?;
@@ -86,8 +106,8 @@ pub async fn apply(
     Ok(installed)
 }
 
-fn refuse(handler: &Followed, digest: &str, reason: &str) {
-    if handler.slot.refuse(digest, reason) {
+fn refuse(handler: &Followed, digest: &str, reason: &str, revision: u64) {
+    if handler.slot.refuse(digest, reason, Some(revision)) {
         tracing::warn!(handler = %handler.name, digest = %digest, error = %reason, "deployed version refused; the running version keeps running");
     }
 }

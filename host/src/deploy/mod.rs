@@ -38,7 +38,8 @@ pub enum Installed {
     },
 }
 
-/// Validates and compiles `bytes` (read from `origin`, named in errors) on
+/// Validates and compiles `bytes` (read from `origin`, named in errors;
+/// `revision`: the deployments bucket's record it came from, if any) on
 /// a blocking thread, instantiates it once ([`Runtime::check_instantiates`])
 /// and swaps the result into `slot`; logs the swap, or
 /// the refusal once per refused digest.
@@ -54,6 +55,7 @@ pub async fn install(
     bytes: Vec<u8>,
     origin: PathBuf,
     options: LoadOptions,
+    revision: Option<u64>,
 ) -> Result<Installed, LoadError> {
     let digest = hex::encode(Sha256::digest(&bytes));
     let current = slot.current();
@@ -92,7 +94,7 @@ pub async fn install(
             })
         }
         Err(e) => {
-            if slot.refuse(&digest, &e.to_string()) {
+            if slot.refuse(&digest, &e.to_string(), revision) {
                 tracing::warn!(digest = %digest, error = %e, "new component refused; the old one keeps running");
             }
             Err(e)

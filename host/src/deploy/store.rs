@@ -15,9 +15,10 @@ use tokio::io::AsyncReadExt as _;
 
 /// Deployments kept per handler in the KV history (`--history`, rollback).
 pub const HISTORY: i64 = 64;
-/// The largest component a host fetches (MiB): a bound on memory, far above
-/// any handler (a Python one is about 18 MiB).
-pub const MAX_MODULE_MIB: u64 = 256;
+/// The largest component a host fetches (MiB): a bound on memory and on
+/// the time a fetch takes, well above any handler (a Python one is about
+/// 18 MiB, StarlingMonkey's 12 MiB).
+pub const MAX_MODULE_MIB: u64 = 64;
 /// How long a host's report stays in the hosts bucket without a refresh.
 pub const HOST_REPORT_TTL: Duration = Duration::from_secs(15);
 
@@ -171,9 +172,15 @@ impl DeployStore {
     /// # Errors
     /// The broker refused the object.
     pub async fn put_module(&self, digest: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        // Content addressed, but only trusted once read back: a damaged
+        // object under this name is replaced.
         if let Ok(info) = self.modules.info(digest).await
             && !info.deleted
             && info.size == bytes.len()
+            && self
+                .fetch_module(digest, Some(bytes.len() as u64))
+                .await
+                .is_ok()
         {
             return Ok(());
         }
@@ -190,12 +197,15 @@ impl DeployStore {
         Ok(())
     }
 
-    /// The component `digest`, checked against its digest.
+    /// The component `digest`, checked against its digest (and against
+    /// `size`, the size its deployment record gives, before anything is
+    /// read).
     ///
     /// # Errors
-    /// One line: the object is missing, larger than [`MAX_MODULE_MIB`],
-    /// cannot be read, or its bytes do not hash to `digest`.
-    pub async fn fetch_module(&self, digest: &str) -> anyhow::Result<Vec<u8>> {
+    /// One line: the object is missing, of another size than the record
+    /// says, larger than [`MAX_MODULE_MIB`], cannot be read, or its bytes do
+    /// not hash to `digest`.
+    pub async fn fetch_module(&self, digest: &str, size: Option<u64>) -> anyhow::Result<Vec<u8>> {
         let bucket = &self.names.modules_bucket;
         if !is_digest(digest) {
             anyhow::bail!("`{digest}` is not a sha256 digest");
@@ -204,7 +214,15 @@ impl DeployStore {
         let mut object = self.modules.get(digest).await.with_context(|| {
             format!("component {digest} is not in object store bucket {bucket}")
         })?;
-        let size = object.info().size as u64;
+        let stored = object.info().size as u64;
+        if let Some(expected) = size
+            && expected != stored
+        {
+            anyhow::bail!(
+                "component {digest} in bucket {bucket} is {stored} bytes, not the {expected} its deployment record gives: refused"
+            );
+        }
+        let size = stored;
         if size > max {
             anyhow::bail!(
                 "component {digest} in bucket {bucket} is {size} bytes, over the {MAX_MODULE_MIB} MiB a host fetches"

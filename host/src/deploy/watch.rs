@@ -82,7 +82,7 @@ pub fn spawn(
                 }
             };
             // Refusals are logged by `install`, once per digest.
-            let _ = super::install(&runtime, &slot, bytes, module.clone(), options).await;
+            let _ = super::install(&runtime, &slot, bytes, module.clone(), options, None).await;
         }
     }))
 }
