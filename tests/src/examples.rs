@@ -12,7 +12,7 @@ use crate::{Backend, Nats, RunningHost, TestDb, create_stream, guest, publish, r
 use idem::config::{Config, HandlerConfig, IdentityRule};
 use serde_json::Value;
 use sqlx::Row;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The `[[handler]]` of `examples/<example>/idem.toml`, paths resolved.
@@ -295,5 +295,42 @@ pub async fn replay_past_receipts(
     assert_eq!(e.rows(sql).await, strs(after_replay), "after the replay");
     for (q, rows) in unchanged.iter().zip(before) {
         assert_eq!(e.rows(q).await, rows, "changed by the replay: {q}");
+    }
+}
+
+/// A migrations directory in `dir` for the credit tables plus `credit_log
+/// (event_id, version)`, which the second credit version (`credit-log`)
+/// writes.
+pub fn credit_log_migrations(dir: &Path) -> PathBuf {
+    let m = dir.join("migrations");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::copy(
+        root().join("examples/credit/migrations/0001_accounts.sql"),
+        m.join("0001_accounts.sql"),
+    )
+    .unwrap();
+    std::fs::write(
+        m.join("0002_credit_log.sql"),
+        "CREATE TABLE IF NOT EXISTS credit_log (event_id TEXT PRIMARY KEY, version TEXT NOT NULL);\n",
+    )
+    .unwrap();
+    m
+}
+
+/// Hex SHA-256 of `bytes` (a component's digest as idem records it).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+/// Waits up to 20 s for `cond`, polling every 50 ms.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

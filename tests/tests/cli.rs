@@ -6,17 +6,9 @@
 use idem_tests::*;
 use std::process::Command;
 
+/// The CLI with no `IDEM_*` config variables and logging off.
 fn idem(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem-test-host"))
-        .args(args)
-        .env("RUST_LOG", "off")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    idem_cli(args, &[])
 }
 
 /// Runs `idem run` on a config whose handler module is `module` and returns

@@ -14,31 +14,10 @@ use idem::config::DeployConfig;
 use idem::deploy::Deployment;
 use idem::deploy::store::{DeployStore, RecordError};
 use idem_tests::chaos::{HostProcess, publish_all};
+use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-fn digest(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
-
-/// Migrations for the credit tables plus `credit_log` (written by v2).
-fn migrations(dir: &Path) -> PathBuf {
-    let m = dir.join("migrations");
-    std::fs::create_dir_all(&m).unwrap();
-    std::fs::copy(
-        root().join("examples/credit/migrations/0001_accounts.sql"),
-        m.join("0001_accounts.sql"),
-    )
-    .unwrap();
-    std::fs::write(
-        m.join("0002_credit_log.sql"),
-        "CREATE TABLE IF NOT EXISTS credit_log (event_id TEXT PRIMARY KEY, version TEXT NOT NULL);\n",
-    )
-    .unwrap();
-    m
-}
 
 /// `idem.toml` for handler `h` (module: the credit component, v1),
 /// granted `accounts` and `credit_log`.
@@ -49,7 +28,7 @@ fn config(dir: &Path, nats_url: &str, db_url: &str, extra: &str) -> PathBuf {
         format!(
             "[broker]\nurl = \"{nats_url}\"\n[database]\nurl = \"{db_url}\"\nmax_connections = 6\n[[handler]]\nname = \"h\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\", \"credit_log\"]\nmigrations = \"{}\"\nretry_delay = \"100ms\"\n{extra}\n",
             guest("credit").display(),
-            migrations(dir).display()
+            credit_log_migrations(dir).display()
         ),
     )
     .unwrap();
@@ -121,14 +100,6 @@ fn traps_when_instantiated(dir: &Path) -> PathBuf {
     out
 }
 
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// (event id, receipt digest, credit_log version if any), by event id.
 async fn applied(db: &TestDb) -> Vec<(String, String, Option<String>)> {
     use sqlx::Row;
@@ -154,7 +125,10 @@ async fn deploy_rollback_history_and_refusals() {
     let cfg = config(dir.path(), &nats.url(), &db.url, "");
     let v1 = std::fs::read(guest("credit")).unwrap();
     let v2_path = guest("credit-log");
-    let (d1, d2) = (digest(&v1), digest(&std::fs::read(&v2_path).unwrap()));
+    let (d1, d2) = (
+        sha256_hex(&v1),
+        sha256_hex(&std::fs::read(&v2_path).unwrap()),
+    );
     let host = RunningHost::start(&cfg).await;
     let slot = host.slot("h").clone();
     assert_eq!(slot.current().digest(), d1);
@@ -264,9 +238,9 @@ async fn deploy_rollback_history_and_refusals() {
         .await
         .unwrap();
     let garbage = b"neither wasm nor anything".to_vec();
-    let dg = digest(&garbage);
+    let dg = sha256_hex(&garbage);
     store.put_module(&dg, &garbage).await.unwrap();
-    let missing = digest(b"never stored");
+    let missing = sha256_hex(b"never stored");
     for (record, refused_digest, says) in [
         (
             Deployment {
@@ -470,7 +444,7 @@ async fn two_hosts_take_two_deploys_and_a_rollback_under_load() {
     let v3 = with_custom_section(&v1, "v3");
     let v3_path = dir.path().join("credit-v3.wasm");
     std::fs::write(&v3_path, &v3).unwrap();
-    let (d1, d2, d3) = (digest(&v1), digest(&v2), digest(&v3));
+    let (d1, d2, d3) = (sha256_hex(&v1), sha256_hex(&v2), sha256_hex(&v3));
     assert_ne!(d1, d3);
 
     let a = HostProcess::spawn(&test_host(), &cfg, "", dir.path(), "a");

@@ -6,28 +6,9 @@
 //! component from wasmtime's compiled-code cache instead of compiling it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// Migrations for the credit tables plus `credit_log`, which the second
-/// version (`credit-log`) writes.
-fn migrations(dir: &Path) -> PathBuf {
-    let m = dir.join("migrations");
-    std::fs::create_dir_all(&m).unwrap();
-    std::fs::copy(
-        root().join("examples/credit/migrations/0001_accounts.sql"),
-        m.join("0001_accounts.sql"),
-    )
-    .unwrap();
-    std::fs::write(
-        m.join("0002_credit_log.sql"),
-        "CREATE TABLE IF NOT EXISTS credit_log (event_id TEXT PRIMARY KEY, version TEXT NOT NULL);\n",
-    )
-    .unwrap();
-    m
-}
 
 /// `idem.toml` in `dir` for handler `h` running `module`, granted
 /// `accounts` and `credit_log`, with `extra` lines in the handler table and
@@ -48,15 +29,11 @@ fn config(
             nats.url(),
             db.url,
             module.display(),
-            migrations(dir).display()
+            credit_log_migrations(dir).display()
         ),
     )
     .unwrap();
     cfg
-}
-
-fn digest(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// Replaces `path` with `bytes` the way a deploy script does: write a
@@ -65,15 +42,6 @@ fn replace(path: &Path, bytes: &[u8]) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-/// Waits up to 20 s for `cond`.
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Each receipt's message id and the digest of the component that applied it.
@@ -117,7 +85,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
     let dir = tempfile::tempdir().unwrap();
     let v1 = std::fs::read(guest("credit")).unwrap();
     let v2 = std::fs::read(guest("credit-log")).unwrap();
-    let (d1, d2) = (digest(&v1), digest(&v2));
+    let (d1, d2) = (sha256_hex(&v1), sha256_hex(&v2));
     let module = dir.path().join("handler.wasm");
     std::fs::write(&module, &v1).unwrap();
     let cfg = config(
@@ -150,7 +118,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
     std::fs::write(&module, truncated).unwrap();
     eventually("the truncated file refused", || {
         slot.refused()
-            .is_some_and(|r| r.digest == digest(truncated))
+            .is_some_and(|r| r.digest == sha256_hex(truncated))
     })
     .await;
     assert_eq!(slot.current().digest(), d2);

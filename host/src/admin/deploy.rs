@@ -204,10 +204,7 @@ fn who() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".into());
-    format!("{user}@{host}")
+    format!("{user}@{}", crate::deploy::heartbeat::hostname())
 }
 
 /// Prints `handler`'s deployments, oldest first, one a line.

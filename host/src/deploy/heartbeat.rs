@@ -66,11 +66,7 @@ pub struct Reported {
 /// This process's id in the hosts bucket: `<hostname>-<pid>`, with every
 /// character a KV key may not hold replaced by `_`.
 pub fn host_id() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "host".to_owned());
+    let name = hostname();
     let clean: String = name
         .chars()
         .map(|c| {
@@ -82,6 +78,16 @@ pub fn host_id() -> String {
         })
         .collect();
     format!("{clean}-{}", std::process::id())
+}
+
+/// This machine's host name (Linux's `/proc/sys/kernel/hostname`), or
+/// `host` when it cannot be read.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "host".to_owned())
 }
 
 fn now() -> String {

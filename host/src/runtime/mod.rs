@@ -332,6 +332,23 @@ impl Runtime {
         Ok(Arc::new(component))
     }
 
+    /// A store for one guest call: `state`'s memory limiter, and an epoch
+    /// callback that interrupts the guest at `deadline` (recording why).
+    fn bounded_store(&self, state: HostState, deadline: Instant) -> Store<HostState> {
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| s);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut ctx| {
+            if Instant::now() >= deadline {
+                ctx.data_mut().stop = Some(Stop::Deadline);
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store
+    }
+
     /// Instantiates `component` once without calling `handle`, in a
     /// throwaway transaction on an in-memory SQLite database with no table
     /// granted and the default limits: whatever runs at instantiation
@@ -357,17 +374,7 @@ impl Runtime {
             deadline,
             Arc::new(crate::metrics::HandlerStats::default()),
         );
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| s);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |mut ctx| {
-            if Instant::now() >= deadline {
-                ctx.data_mut().stop = Some(Stop::Deadline);
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
+        let mut store = self.bounded_store(state, deadline);
         let outer = limits.deadline + Duration::from_secs(1);
         let made = tokio::time::timeout(outer, component.pre.instantiate_async(&mut store)).await;
         let result = match made {
@@ -436,17 +443,7 @@ impl Runtime {
             deadline,
             call.stats.clone(),
         );
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| s);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |mut ctx| {
-            if Instant::now() >= deadline {
-                ctx.data_mut().stop = Some(Stop::Deadline);
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
+        let mut store = self.bounded_store(state, deadline);
 
         let msg = bindings::idem::handler::types::Message {
             identity: msg.message_id,
