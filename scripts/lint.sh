@@ -12,5 +12,6 @@ for component in rustfmt clippy; do
     fi
 done
 cargo fmt --all --check
-cargo clippy --workspace --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --exclude credit
+# --all-features: the benchmark-only `native-handler` code is linted too.
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --exclude credit

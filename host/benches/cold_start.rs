@@ -19,11 +19,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use anyhow::{Context as _, Result};
+mod common;
+
+use anyhow::Result;
+use common::nats::{Nats, guests_dir, root};
 use idem::config::Config;
 use idem::service::{Host, RunMode};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -42,65 +44,11 @@ const COMPONENTS: [(&str, &str); 5] = [
 /// Warm starts per component (the median is shown).
 const WARM_RUNS: usize = 3;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn guests_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("guests")
-}
-
-/// A private nats-server with JetStream, killed on drop.
-struct Nats {
-    child: Child,
-    port: u16,
-    _store: tempfile::TempDir,
-}
-
-impl Nats {
-    fn start() -> Result<Self> {
-        let bin = std::env::var_os("IDEM_NATS_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root().join(".tools/venv/bin/nats-server"));
-        let store = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot start {}; run scripts/setup.sh", bin.display()))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "nats-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(Nats {
-            child,
-            port,
-            _store: store,
-        })
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One start: a fresh database, a stream `S<n>` holding one credit, and a
 /// host running `module` with `cache`; returns the time to the drain's end.
 async fn start_once(nats: &Nats, n: usize, module: &Path, cache: &Path) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
-    let url = format!("nats://127.0.0.1:{}", nats.port);
+    let url = nats.url();
     let js = async_nats::jetstream::new(async_nats::connect(&url).await?);
     let (stream, subject) = (format!("S{n}"), format!("s{n}.credit"));
     js.create_stream(async_nats::jetstream::stream::Config {

@@ -313,7 +313,7 @@ async fn bench_postgres(
         .await
         .context("CREATE DATABASE")?;
     let result = async {
-        let db = Database::connect(&with_database(admin_url, name), 2).await?;
+        let db = Database::connect(&common::with_database(admin_url, name), 2).await?;
         let run = bench_db(runtime, &db, "PostgreSQL", workers).await;
         db.close().await;
         run
@@ -328,20 +328,6 @@ async fn bench_postgres(
     let run = result?;
     dropped.context("DROP DATABASE")?;
     Ok(run)
-}
-
-/// `url` with its database name replaced by `name` (query kept).
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, format!("?{q}")),
-        None => (url, String::new()),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let host_part = match base[authority_start..].find('/') {
-        Some(i) => &base[..authority_start + i],
-        None => base,
-    };
-    format!("{host_part}/{name}{query}")
 }
 
 /// The per-message runs of every worker on one database.

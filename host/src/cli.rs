@@ -201,10 +201,14 @@ pub enum ReceiptsCommand {
 /// Runs the CLI; returns the process exit code (0 ok, 1 failure). Every
 /// error is printed as one line, usage errors included.
 pub async fn main() -> i32 {
+    stdout_closed_ends_quietly();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    if matches!(cli.command, Command::Run { .. }) {
+        ignore_sigpipe();
+    }
     crate::init_tracing(cli.log_format);
     let result = match cli.command {
         Command::Run { config, drain } => run(&config, drain).await,
@@ -231,6 +235,30 @@ pub async fn main() -> i32 {
             eprintln!("idem: {}", one_line(&e));
             1
         }
+    }
+}
+
+/// A command whose output goes to a reader that stops early (`idem deploy
+/// --history h | head`) ends as `cat` would, killed by SIGPIPE, instead of
+/// panicking in `println!`: Rust's runtime ignores SIGPIPE, so a write to a
+/// closed pipe returns EPIPE, which `print!` turns into a panic. `idem run`
+/// puts the runtime's choice back ([`ignore_sigpipe`]): a host must never
+/// die of a closed socket or pipe.
+#[allow(unsafe_code)]
+fn stdout_closed_ends_quietly() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler code; it is called
+    // before any thread of ours starts writing.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// SIGPIPE ignored again, as Rust's runtime sets it before `main`.
+#[allow(unsafe_code)]
+fn ignore_sigpipe() {
+    // SAFETY: as above; SIG_IGN installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
 }
 

@@ -87,9 +87,13 @@ pub enum RunMode {
 }
 
 /// At start, puts `handler`'s deployed version in place when the
-/// deployments bucket has one (else it keeps the config's `module`); a
-/// deployed version that cannot be fetched or loaded is reported and the
-/// config's module runs. `cfg.name` is the deployments key.
+/// deployments bucket has one (else it keeps the config's `module`).
+/// `cfg.name` is the deployments key. A deployed version that cannot be
+/// fetched or loaded is reported, and the host runs the most recent earlier
+/// deployment that loads, which is what the hosts that refused the same
+/// record keep running; only when none does, the config's module. The
+/// refusal stays in the slot, so `idem status` shows it and the follower
+/// tries the record again later ([`crate::deploy::follow::RETRY_REFUSED`]).
 pub(crate) async fn use_deployed(
     store: &crate::deploy::store::DeployStore,
     cfg: &crate::config::HandlerConfig,
@@ -104,8 +108,47 @@ pub(crate) async fn use_deployed(
         }
     };
     let followed = followed(cfg, handler);
-    if let Err(e) = crate::deploy::follow::apply(store, &followed, &current).await {
-        tracing::warn!(handler = %cfg.name, error = %e, "running the config's module instead of the deployed version");
+    let Err(e) = crate::deploy::follow::apply(store, &followed, &current).await else {
+        return;
+    };
+    let refused = handler.slot().refused();
+    let config_digest = handler.slot().current().digest().to_owned();
+    let history = store.history(&cfg.name).await.unwrap_or_default();
+    let mut tried = std::collections::HashSet::new();
+    if let Ok(d) = &current.deployment {
+        tried.insert(d.digest.clone());
+    }
+    let mut fallback = None;
+    for earlier in history
+        .iter()
+        .rev()
+        .filter(|c| c.revision < current.revision)
+    {
+        let Ok(d) = &earlier.deployment else { continue };
+        if !tried.insert(d.digest.clone()) {
+            continue;
+        }
+        if d.digest == config_digest {
+            break;
+        }
+        if crate::deploy::follow::apply(store, &followed, earlier)
+            .await
+            .is_ok()
+        {
+            fallback = Some((earlier.revision, d.digest.clone()));
+            break;
+        }
+    }
+    if let Some(r) = refused {
+        handler.slot().refuse(&r.digest, &r.reason, r.revision);
+    }
+    match fallback {
+        Some((revision, digest)) => {
+            tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running the most recent earlier deployment that loads");
+        }
+        None => {
+            tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused; running the config's module");
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use idem::sql_guard::{CheckedSql, SqlGuard};
 use idem::store::{
     Database, DbError, DbErrorKind, DbKind, Receipt, Rows, SqlValue, StatementError, Tx,
 };
+use std::time::Duration;
 
 /// A byte bound no test query comes near (`Tx::query`'s `max_bytes`).
 const MAX_BYTES: usize = 1 << 20;
@@ -480,6 +481,62 @@ async fn receipt_survives_guest_errors(db: &Database, t: &str) {
     let mut tx = db.begin().await.unwrap();
     assert_eq!(select_all(&mut tx, db, t).await.rows.len(), 2);
     tx.rollback().await.unwrap();
+    raw(db, &format!("DROP TABLE {t}")).await;
+}
+
+on_both!(
+    savepoints_follow_each_statement_pg,
+    savepoints_follow_each_statement_sqlite,
+    savepoints_follow_each_statement
+);
+/// Each statement's savepoint is released by the next statement or by
+/// COMMIT: a long run of statements, every other one failing (the last one
+/// too), keeps exactly what succeeded, and the transaction commits.
+async fn savepoints_follow_each_statement(db: &Database, t: &str) {
+    db.prepare_host_tables().await.unwrap();
+    create_table(db, t).await;
+    let consumer = unique("c");
+    let mut tx = db.begin_bounded(Duration::from_secs(30)).await.unwrap();
+    let receipt = Receipt {
+        consumer: &consumer,
+        message_id: "m1",
+        stream_sequence: 1,
+        module_digest: "d",
+        published_ms: 1_700_000_000_000,
+    };
+    assert!(tx.insert_receipt(&receipt).await.unwrap());
+    let ins = check(
+        db,
+        &mut tx,
+        t,
+        &format!("INSERT INTO {t} (id, name) VALUES ($1, $2)"),
+        &[int(1), text("a")],
+    )
+    .await;
+    for id in 1..=100 {
+        tx.execute(&ins, &[int(id), text("first")]).await.unwrap();
+        let e = failed(tx.execute(&ins, &[int(id), text("again")]).await);
+        assert_eq!(e.kind, DbErrorKind::UniqueViolation);
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
+    let mut tx = db.begin().await.unwrap();
+    let rows = select_all(&mut tx, db, t).await.rows;
+    tx.rollback().await.unwrap();
+    assert_eq!(rows.len(), 100);
+    assert!(rows.iter().all(|r| r[1] == text("first")), "{rows:?}");
+    // A transaction whose only statement failed commits the receipt alone.
+    let mut tx = db.begin_bounded(Duration::from_secs(30)).await.unwrap();
+    let receipt = Receipt {
+        message_id: "m2",
+        stream_sequence: 2,
+        ..receipt
+    };
+    assert!(tx.insert_receipt(&receipt).await.unwrap());
+    let e = failed(tx.execute(&ins, &[int(1), text("again")]).await);
+    assert_eq!(e.kind, DbErrorKind::UniqueViolation);
+    tx.commit().await.unwrap();
+    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 2);
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 

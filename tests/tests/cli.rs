@@ -177,3 +177,24 @@ async fn a_restart_on_postgresql_logs_no_notices() {
     assert!(!err.contains("already exists"), "{err}");
     assert!(!err.contains("sqlx::postgres::notice"), "{err}");
 }
+
+/// Output cut short by its reader (`idem deploy --help | head -1`) ends the
+/// command as SIGPIPE ends `cat`, quietly, instead of a panic in `println!`.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    // The reading end is closed before the command starts: its first write
+    // to stdout meets a closed pipe, whatever the timing.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(test_host())
+        .args(["deploy", "--help"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err, "", "{err}");
+    // SIGPIPE is signal 13 on Linux.
+    assert_eq!(out.status.signal(), Some(13), "{:?}", out.status);
+}

@@ -395,7 +395,69 @@ async fn deploy_rollback_history_and_refusals() {
     host.wait_for("h", "e4", |s| s.processed == 1).await;
     host.stop().await;
 
-    assert_eq!(db.balance(1).await, Some(15));
+    // A host that starts while the record names a version it refuses runs
+    // the most recent earlier deployment that loads (v2, as the hosts that
+    // refused the record keep doing), not the config's module, and reports
+    // the refusal.
+    let v2_size = v2_bytes.len() as u64;
+    let record = Deployment {
+        digest: missing.clone(),
+        previous: Some(d2.clone()),
+        deployed_at: "2026-12-01T00:00:00Z".into(),
+        note: String::new(),
+        size: v2_size,
+        by: "hand".into(),
+    };
+    store
+        .deployments()
+        .put("h", record.to_value().into())
+        .await
+        .unwrap();
+    let host = RunningHost::start(&cfg).await;
+    let slot = host.slot("h").clone();
+    assert_eq!(slot.current().digest(), d2);
+    assert_eq!(slot.refused().map(|r| r.digest), Some(missing.clone()));
+    publish(&js, "accounts.credit", &credit("e5", 1, 16), &[]).await;
+    let bad = r#"{"event_id":"e6","account_id":"one","amount":32}"#;
+    publish(&js, "accounts.credit", bad, &[]).await;
+    host.wait_for("h", "e5 processed, e6 dead-lettered", |s| {
+        s.processed == 1 && s.dead_lettered == 1
+    })
+    .await;
+    host.stop().await;
+
+    // `idem dlq redrive` runs the version the hosts run (here v2, the last
+    // deployment that loads), not the config's module: the dead letter,
+    // its payload mended by hand, is applied by v2.
+    {
+        use sqlx::Row;
+        let pool = db.pool().await;
+        sqlx::query("UPDATE idem_dead_letters SET payload = $1 WHERE message_id = 'e6'")
+            .bind(credit("e6", 1, 32).into_bytes())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let id: i64 = sqlx::query("SELECT id FROM idem_dead_letters WHERE message_id = 'e6'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        pool.close().await;
+        let (code, out, err) = idem_cli(
+            &[
+                "dlq",
+                "redrive",
+                &id.to_string(),
+                "--config",
+                cfg.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(" processed"), "{out}");
+    }
+
+    assert_eq!(db.balance(1).await, Some(63));
     // What one version did: the effects v2 produced.
     let (code, out, err) = idem_cli(
         &[
@@ -412,7 +474,7 @@ async fn deploy_rollback_history_and_refusals() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.starts_with(&format!("digest: {d2}\nhandler: h\nreceipts: 2\n")),
+        out.starts_with(&format!("digest: {d2}\nhandler: h\nreceipts: 4\n")),
         "{out}"
     );
     assert_eq!(
@@ -422,6 +484,8 @@ async fn deploy_rollback_history_and_refusals() {
             ("e2".into(), d2.clone(), Some("v2".into())),
             ("e3".into(), d1.clone(), None),
             ("e4".into(), d2.clone(), Some("v2".into())),
+            ("e5".into(), d2.clone(), Some("v2".into())),
+            ("e6".into(), d2.clone(), Some("v2".into())),
         ]
     );
 }

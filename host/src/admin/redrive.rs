@@ -14,7 +14,10 @@
 //! ```
 //!
 //! The handler is prepared as `idem run` prepares it
-//! ([`PreparedHandler::prepare`]). A redrive is the operator's decision: it
+//! ([`PreparedHandler::prepare`]), on the version the hosts run: with
+//! `[deploy] follow` (the default) the handler's deployed version, read from
+//! the broker, so a fix deployed with `idem deploy` is what redrives the
+//! dead letters it was deployed for. A redrive is the operator's decision: it
 //! never judges the horizon. The guest sees the stored subject, headers,
 //! payload and stream sequence, `delivery_count` 1, and the message's
 //! publish time (for a row from before idem stored it, the time it was
@@ -52,20 +55,45 @@ pub struct Redriver {
 
 impl Redriver {
     /// Loads `handler`'s component and prepares it
-    /// ([`PreparedHandler::prepare`]).
+    /// ([`PreparedHandler::prepare`]); with `config`'s `[deploy] follow`,
+    /// puts the deployed version in place as a starting host does
+    /// (`service::use_deployed`).
     ///
     /// # Errors
-    /// The wasm runtime cannot start, or the component cannot be loaded
-    /// (one line naming the handler and what to do).
-    pub async fn new(handler: &HandlerConfig, db: Arc<Database>) -> anyhow::Result<Self> {
+    /// The wasm runtime cannot start, the component cannot be loaded, or
+    /// the broker holding the deployments cannot be reached (one line
+    /// naming the handler and what to do).
+    pub async fn new(
+        config: &Config,
+        handler: &HandlerConfig,
+        db: Arc<Database>,
+    ) -> anyhow::Result<Self> {
         let runtime = Arc::new(
             Runtime::new().map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
         );
         let component = runtime
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
-        let handler = PreparedHandler::prepare(handler, component, runtime, &db).await;
-        Ok(Self { handler, db })
+        let prepared = PreparedHandler::prepare(handler, component, runtime, &db).await;
+        if config.deploy.follow {
+            let deployed = async {
+                let nats = crate::broker::connect(&config.broker).await?;
+                crate::deploy::store::DeployStore::open(&nats.js, &config.deploy).await
+            }
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read which version of handler `{}` is deployed: {e:#}; start the broker, or set [deploy] follow = false to redrive with the config's module",
+                    handler.name
+                )
+            })?;
+            crate::service::use_deployed(&deployed, handler, &prepared).await;
+        }
+        tracing::info!(handler = %handler.name, digest = %prepared.slot().current().digest(), "redriving with this version");
+        Ok(Self {
+            handler: prepared,
+            db,
+        })
     }
 
     /// Redrives dead letter `id` in one transaction (see the module docs).
@@ -233,7 +261,7 @@ async fn one_on(
                 config_path.display()
             )
         })?;
-    let redriver = Redriver::new(handler, db.clone()).await?;
+    let redriver = Redriver::new(config, handler, db.clone()).await?;
     warn_if_beyond_horizon(&row);
     let outcome = redriver.redrive(id, &message_id).await;
     let (line, ok) = outcome_line(&row, &outcome);
@@ -268,7 +296,7 @@ async fn all_on(
         println!("no dead letters of handler {}", printable(name));
         return Ok(());
     }
-    let redriver = Redriver::new(handler, db.clone()).await?;
+    let redriver = Redriver::new(config, handler, db.clone()).await?;
     let (mut processed, mut already, mut failed, mut skipped) = (0u64, 0u64, 0u64, 0u64);
     for row in &rows {
         let Some(message_id) = &row.message_id else {

@@ -22,13 +22,50 @@ pub struct LoadOptions {
 /// A compiled handler component, checked against the world
 /// `idem:handler/handler` and ready to instantiate once per message.
 pub struct HandlerComponent {
-    pub(crate) pre: HandlerPre<HostState>,
+    pub(crate) code: Code,
     digest: String,
     path: PathBuf,
     wasi: bool,
 }
 
+/// What runs a message: a compiled component, or (cargo feature
+/// `native-handler`, for the throughput benchmark) Rust compiled into the
+/// host ([`super::native`]).
+pub(crate) enum Code {
+    /// Instantiated once per message.
+    Wasm(HandlerPre<HostState>),
+    /// Called once per message, behind the same host functions.
+    #[cfg(feature = "native-handler")]
+    Native(std::sync::Arc<dyn super::native::NativeHandler>),
+}
+
 impl HandlerComponent {
+    /// A native handler in the place of a component (feature
+    /// `native-handler`; not sandboxed, for the throughput benchmark): its
+    /// digest, the receipts' `module_digest`, is `native-<name>`.
+    #[cfg(feature = "native-handler")]
+    pub fn native(
+        name: &str,
+        handler: std::sync::Arc<dyn super::native::NativeHandler>,
+    ) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            code: Code::Native(handler),
+            digest: format!("native-{name}"),
+            path: PathBuf::from(format!("native:{name}")),
+            wasi: false,
+        })
+    }
+
+    /// The compiled component, ready to instantiate (`None`: a native
+    /// handler).
+    pub(crate) fn wasm(&self) -> Option<&HandlerPre<HostState>> {
+        match &self.code {
+            Code::Wasm(pre) => Some(pre),
+            #[cfg(feature = "native-handler")]
+            Code::Native(_) => None,
+        }
+    }
+
     /// Whether the component runs with the (empty) WASI context linked: it
     /// was loaded with [`LoadOptions::wasi`] and imports WASI.
     pub fn wasi(&self) -> bool {
@@ -248,7 +285,7 @@ fn link(
         detail: one_line(&e),
     })?;
     Ok(HandlerComponent {
-        pre,
+        code: Code::Wasm(pre),
         digest,
         path: p(),
         wasi,

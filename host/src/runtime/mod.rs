@@ -35,6 +35,8 @@ mod bindings;
 mod guest_log;
 mod host_impl;
 mod load;
+#[cfg(feature = "native-handler")]
+pub mod native;
 pub mod wasi;
 
 pub use load::{HandlerComponent, LoadError, LoadOptions};
@@ -43,6 +45,7 @@ use crate::sql_guard::SqlGuard;
 use crate::store::Tx;
 use bindings::HandlerError;
 use host_impl::{HostState, Stop};
+use load::Code;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -359,6 +362,9 @@ impl Runtime {
     /// One line: the instantiation trapped (and why: deadline, memory, the
     /// guest's own trap) or could not be made.
     pub async fn check_instantiates(&self, component: &HandlerComponent) -> Result<(), String> {
+        let Some(pre) = component.wasm() else {
+            return Ok(());
+        };
         let db = crate::store::Database::connect("sqlite::memory:", 1)
             .await
             .map_err(|e| format!("{e:#}"))?;
@@ -376,7 +382,7 @@ impl Runtime {
         );
         let mut store = self.bounded_store(state, deadline);
         let outer = limits.deadline + Duration::from_secs(1);
-        let made = tokio::time::timeout(outer, component.pre.instantiate_async(&mut store)).await;
+        let made = tokio::time::timeout(outer, pre.instantiate_async(&mut store)).await;
         let result = match made {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!(
@@ -418,7 +424,9 @@ impl Runtime {
         tx: Tx,
         msg: GuestMessage,
     ) -> (Result<(), HandlerFailure>, Tx) {
-        if !Engine::same(component.pre.engine(), &self.engine) {
+        if let Some(pre) = component.wasm()
+            && !Engine::same(pre.engine(), &self.engine)
+        {
             let failure =
                 "the component was loaded by another Runtime; load it with the one that runs it";
             return (Err(HandlerFailure::Trap(failure.into())), tx);
@@ -443,8 +451,36 @@ impl Runtime {
             deadline,
             call.stats.clone(),
         );
-        let mut store = self.bounded_store(state, deadline);
+        let (result, state) = match &component.code {
+            Code::Wasm(pre) => self.run_wasm(pre, state, deadline, msg, &limits).await,
+            #[cfg(feature = "native-handler")]
+            Code::Native(native) => {
+                native::run(native.as_ref(), state, deadline, msg, &limits).await
+            }
+        };
+        let dropped = state.log.lock().finish();
+        call.stats
+            .log_bytes_dropped
+            .add(u64::try_from(dropped).unwrap_or(u64::MAX));
+        if let Err(failure) = &result {
+            tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
+        }
+        (result, state.tx)
+    }
 
+    /// Instantiates `pre` in a store bounded by `deadline` around `state`,
+    /// calls `handle(msg)`, and turns what happened into the result; hands
+    /// the state back.
+    async fn run_wasm(
+        &self,
+        pre: &bindings::HandlerPre<HostState>,
+        state: HostState,
+        deadline: Instant,
+        msg: GuestMessage,
+        limits: &Limits,
+    ) -> (Result<(), HandlerFailure>, HostState) {
+        let now = Instant::now();
+        let mut store = self.bounded_store(state, deadline);
         let msg = bindings::idem::handler::types::Message {
             identity: msg.message_id,
             subject: msg.subject,
@@ -457,7 +493,7 @@ impl Runtime {
         // The epoch callback and the statement timeouts enforce the deadline;
         // this outer bound only guards against a call that never yields.
         let outer = deadline.saturating_duration_since(now) + Duration::from_secs(1);
-        let run = tokio::time::timeout(outer, call_guest(component, &mut store, &msg)).await;
+        let run = tokio::time::timeout(outer, call_guest(pre, &mut store, &msg)).await;
         let result = match run {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(HandlerError::Retry(reason)))) => {
@@ -476,7 +512,7 @@ impl Runtime {
             }
             Ok(Err(GuestError::Instantiate(e) | GuestError::Call(e))) => {
                 let data = store.data();
-                let mut reason = describe_trap(&e, data.stop, &limits);
+                let mut reason = describe_trap(&e, data.stop, limits);
                 if let (None, Some(said)) = (data.stop, data.log.lock().last_error()) {
                     reason.push_str("; ");
                     reason.push_str(&said);
@@ -486,18 +522,10 @@ impl Runtime {
             Err(_) => Err(HandlerFailure::Trap(describe_trap(
                 &wasmtime::format_err!("did not return"),
                 Some(Stop::Deadline),
-                &limits,
+                limits,
             ))),
         };
-        let state = store.into_data();
-        let dropped = state.log.lock().finish();
-        call.stats
-            .log_bytes_dropped
-            .add(u64::try_from(dropped).unwrap_or(u64::MAX));
-        if let Err(failure) = &result {
-            tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
-        }
-        (result, state.tx)
+        (result, store.into_data())
     }
 }
 
@@ -507,12 +535,11 @@ enum GuestError {
 }
 
 async fn call_guest(
-    component: &HandlerComponent,
+    pre: &bindings::HandlerPre<HostState>,
     store: &mut Store<HostState>,
     msg: &bindings::idem::handler::types::Message,
 ) -> Result<Result<(), HandlerError>, GuestError> {
-    let instance = component
-        .pre
+    let instance = pre
         .instantiate_async(&mut *store)
         .await
         .map_err(GuestError::Instantiate)?;

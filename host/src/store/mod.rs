@@ -101,7 +101,8 @@ pub struct Database(Backend<postgres::Pool, sqlite::Pool>);
 /// One open transaction: the receipt and every guest statement go through it.
 /// On PostgreSQL `BEGIN` (read committed); on SQLite `BEGIN IMMEDIATE` (holds
 /// the write lock). Dropping it without [`Tx::commit`] rolls it back.
-pub struct Tx(Backend<postgres::Tx, sqlite::Tx>);
+/// The flag: whether a guest statement's savepoint is open (`statement`).
+pub struct Tx(Backend<postgres::Tx, sqlite::Tx>, bool);
 
 impl Database {
     /// [`Database::connect_with`] with a 5 s SQLite lock wait.

@@ -2,12 +2,14 @@
 //! same), and the decoding of a dead-letter row both select the same
 //! columns for. Dialect SQL is in the backend modules.
 
-/// Opens the per-statement savepoint of a guest statement.
+/// Opens the savepoint of the first guest statement of a transaction.
 pub(super) const SAVEPOINT: &str = "SAVEPOINT idem_stmt";
-/// Closes it after a statement succeeded.
-pub(super) const RELEASE: &str = "RELEASE SAVEPOINT idem_stmt";
-/// Undoes a failed statement and closes its savepoint.
-pub(super) const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt";
+/// Before each later guest statement: releases the previous statement's
+/// savepoint and opens this one's, in one round trip.
+pub(super) const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_stmt; SAVEPOINT idem_stmt";
+/// Undoes a failed statement; its savepoint stays open (the next statement
+/// or COMMIT releases it).
+pub(super) const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt";
 
 /// Inserts a receipt: `$1` consumer, `$2` message id, `$3` stream sequence,
 /// `$4` module digest, `$5` published ms.

@@ -1,14 +1,23 @@
 //! A guest's statements in the message's transaction, written once for
-//! every backend: each runs inside a savepoint (`idem_stmt`); afterwards the
-//! host checks its transaction is still open and releases the savepoint, or
-//! rolls back to it after an error (ARCHITECTURE.md, "The SQL sandbox": the
+//! every backend: each runs inside a savepoint (`idem_stmt`); after an error
+//! the host rolls back to it (ARCHITECTURE.md, "The SQL sandbox": the
 //! transaction stays the host's). A failing statement is thus undone alone
 //! and the transaction stays usable on both databases, so a handler may
 //! catch a unique violation and carry on (on PostgreSQL an error would
 //! otherwise abort the whole transaction, and a later `COMMIT` would
 //! silently roll back).
+//!
+//! Round trips: a statement's savepoint is released by the next statement,
+//! in the same round trip that opens the next savepoint, or by COMMIT (which
+//! ends every savepoint), so a statement costs two round trips (savepoint,
+//! statement) instead of three, and on PostgreSQL the first savepoint also
+//! carries the switch to the handler's role. The release is also the check
+//! that the transaction is still the host's: outside a transaction block
+//! PostgreSQL refuses it (SQLSTATE 25P01), so no statement ever runs after
+//! one that ended the transaction. On SQLite the autocommit flag is checked
+//! after every statement as well.
 
-use super::sql::{RELEASE, SAVEPOINT, UNDO};
+use super::sql::{NEXT_SAVEPOINT, SAVEPOINT, UNDO};
 use super::{DbError, DbErrorKind, Rows, SqlValue, StatementError, Tx, dispatch, one_line};
 use crate::sql_value::CheckedSql;
 
@@ -63,19 +72,23 @@ impl Tx {
         Ok(result?)
     }
 
-    /// Opens the statement's savepoint.
+    /// Opens the statement's savepoint, releasing the previous statement's
+    /// first when one is open (module docs).
     async fn open_savepoint(&mut self) -> Result<(), StatementError> {
-        dispatch!(&mut self.0, t => t.run_host_sql(SAVEPOINT).await)
-            .map_err(|e| savepoint_failed(&e))
+        let sql = if self.1 { NEXT_SAVEPOINT } else { SAVEPOINT };
+        dispatch!(&mut self.0, t => t.run_host_sql(sql).await).map_err(|e| savepoint_failed(&e))?;
+        self.1 = true;
+        Ok(())
     }
 
-    /// Checks that the statement left the host's transaction open, then
-    /// releases the statement's savepoint (`ok`), or rolls back to it after
-    /// an error. A statement can end SQLite's transaction without asking the
+    /// Checks that the statement left the host's transaction open, and
+    /// after an error rolls back to the statement's savepoint (which stays
+    /// open). A statement can end SQLite's transaction without asking the
     /// authorizer (a conflict resolved by ROLLBACK, which the guard refuses,
     /// is one way): then nothing after it may run, since it would run outside
-    /// the transaction. On PostgreSQL the release is the check: outside a
-    /// transaction block PostgreSQL refuses both (SQLSTATE 25P01).
+    /// the transaction. On PostgreSQL the check is the release before the
+    /// next statement (module docs); the rollback to the savepoint after an
+    /// error is refused outside a transaction block too (SQLSTATE 25P01).
     async fn close_savepoint(&mut self, ok: bool) -> Result<(), StatementError> {
         let open =
             dispatch!(&mut self.0, t => t.still_open().await).map_err(|e| savepoint_failed(&e))?;
@@ -84,8 +97,10 @@ impl Tx {
                 "the statement ended the host's transaction; nothing after it may run".into(),
             ));
         }
-        let sql = if ok { RELEASE } else { UNDO };
-        dispatch!(&mut self.0, t => t.run_host_sql(sql).await).map_err(|e| savepoint_failed(&e))
+        if ok {
+            return Ok(());
+        }
+        dispatch!(&mut self.0, t => t.run_host_sql(UNDO).await).map_err(|e| savepoint_failed(&e))
     }
 }
 

@@ -18,8 +18,8 @@ impl Database {
 
     /// [`Database::begin`], with every statement of the transaction bounded in
     /// time, so a runaway guest statement cannot outlive its handler's deadline:
-    /// - PostgreSQL: `SET LOCAL statement_timeout` (via `set_config(..., true)`),
-    ///   each statement cancelled by the server after `timeout`
+    /// - PostgreSQL: `SET LOCAL statement_timeout`, sent with `BEGIN` in one
+    ///   round trip, each statement cancelled by the server after `timeout`
     ///   (SQLSTATE 57014); scoped to this transaction only.
     /// - SQLite: a progress handler interrupts any statement still running
     ///   `timeout` after BEGIN (SQLITE_INTERRUPT), so no transaction holds the
@@ -29,9 +29,7 @@ impl Database {
     /// # Errors
     /// As [`Database::begin`], or the bound cannot be set.
     pub async fn begin_bounded(&self, timeout: Duration) -> Result<Tx, StoreError> {
-        let mut tx = self.begin().await?;
-        dispatch!(&mut tx.0, t => t.bound_statements(timeout).await)?;
-        Ok(tx)
+        Ok(dispatch!(&self.0, b => b.begin_bounded(timeout).await)?)
     }
 
     /// PostgreSQL only: prepares `handler`'s own role (see the
@@ -77,10 +75,15 @@ impl Tx {
 
     /// Runs the rest of this transaction as `role` (from
     /// [`Database::prepare_handler_role`]): call it after the receipt insert,
-    /// before the guest's statements. A no-op on SQLite.
+    /// before the guest's statements. A no-op on SQLite. On PostgreSQL the
+    /// switch (`SET LOCAL ROLE`) is sent with the first guest statement's
+    /// savepoint, or before the SQL guard's first catalog query, whichever
+    /// comes first, saving a round trip; a message whose guest runs no
+    /// statement never switches.
     ///
     /// # Errors
-    /// The switch fails (the role is gone, the connection is lost).
+    /// None today: a switch that fails (the role is gone, the connection is
+    /// lost) fails the statement it precedes, as a lost transaction.
     pub async fn enter_handler_role(&mut self, role: &str) -> Result<(), StoreError> {
         Ok(dispatch!(&mut self.0, t => t.enter_role(role).await)?)
     }

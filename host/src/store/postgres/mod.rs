@@ -53,6 +53,9 @@ pub struct Tx {
     /// The largest row (bytes as sent) the last query read; see
     /// [`SHRINK_AFTER_ROW_BYTES`].
     largest_row: usize,
+    /// The handler's role, entered before the next guest statement or SQL
+    /// guard catalog query ([`Tx::enter_role`]).
+    pending_role: Option<String>,
 }
 
 /// The prune lock's session: it holds the session advisory lock
@@ -124,10 +127,32 @@ impl Pool {
     }
 
     pub(super) async fn begin(&self) -> Result<super::Tx, sqlx::Error> {
-        Ok(super::Tx(Backend::Postgres(Tx {
-            tx: self.0.begin().await?,
-            largest_row: 0,
-        })))
+        Ok(super::Tx(
+            Backend::Postgres(Tx {
+                tx: self.0.begin().await?,
+                largest_row: 0,
+                pending_role: None,
+            }),
+            false,
+        ))
+    }
+
+    /// `BEGIN; SET LOCAL statement_timeout = <ms>` as one simple query: one
+    /// round trip. The timeout is in whole milliseconds (at least 1: 0 would
+    /// mean none); PostgreSQL cancels a statement that runs longer with
+    /// SQLSTATE 57014 (query_canceled).
+    pub(super) async fn begin_bounded(&self, timeout: Duration) -> Result<super::Tx, sqlx::Error> {
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+        // A number printed by the host: no outside text.
+        let begin = AssertSqlSafe(format!("BEGIN; SET LOCAL statement_timeout = {ms}"));
+        Ok(super::Tx(
+            Backend::Postgres(Tx {
+                tx: self.0.begin_with(begin).await?,
+                largest_row: 0,
+                pending_role: None,
+            }),
+            false,
+        ))
     }
 
     pub(super) async fn close(&self) {
@@ -375,18 +400,6 @@ impl Tx {
         Ok(done.rows_affected() == 1)
     }
 
-    /// `SET LOCAL statement_timeout` for the rest of the transaction, in whole
-    /// milliseconds (at least 1: 0 would mean no timeout). PostgreSQL cancels a
-    /// statement that runs longer with SQLSTATE 57014 (query_canceled).
-    pub(super) async fn bound_statements(&mut self, timeout: Duration) -> Result<(), sqlx::Error> {
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
-        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(ms)
-            .execute(&mut *self.tx)
-            .await?;
-        Ok(())
-    }
-
     /// PostgreSQL has no bound on a value's size to set: results are counted
     /// as they arrive ([`Tx::query`]).
     pub(super) async fn bound_guest_values(
@@ -396,18 +409,47 @@ impl Tx {
         Ok(())
     }
 
+    /// Remembers `role` for the next guest statement or guard catalog
+    /// query; sends nothing.
     pub(super) async fn enter_role(&mut self, role: &str) -> Result<(), sqlx::Error> {
-        role::enter(&mut self.tx, role).await
+        self.pending_role = Some(role.to_owned());
+        Ok(())
     }
 
-    /// Runs one of the host's own statements (the savepoint's).
+    /// Enters the pending role, if any, on its own. Forgotten only once
+    /// entered: after a failure the transaction is aborted (PostgreSQL
+    /// refuses every later statement), so nothing runs as the host's user.
+    async fn flush_role(&mut self) -> Result<(), sqlx::Error> {
+        if let Some(role) = &self.pending_role {
+            sqlx::raw_sql(AssertSqlSafe(role::enter_sql(role)))
+                .execute(&mut *self.tx)
+                .await?;
+            self.pending_role = None;
+        }
+        Ok(())
+    }
+
+    /// Runs one of the host's own statements (the savepoint's), after the
+    /// pending role's switch in the same round trip.
     pub(super) async fn run_host_sql(&mut self, sql: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sql).execute(&mut *self.tx).await.map(|_| ())
+        match &self.pending_role {
+            Some(role) => {
+                let both = format!("{}; {sql}", role::enter_sql(role));
+                sqlx::raw_sql(AssertSqlSafe(both))
+                    .execute(&mut *self.tx)
+                    .await?;
+                self.pending_role = None;
+            }
+            None => {
+                sqlx::raw_sql(sql).execute(&mut *self.tx).await?;
+            }
+        }
+        Ok(())
     }
 
-    /// Always `true` without asking: the savepoint's release that follows
+    /// Always `true` without asking: the release before the next statement
     /// is the check (outside a transaction block PostgreSQL refuses it with
-    /// SQLSTATE 25P01).
+    /// SQLSTATE 25P01; `statement` module docs).
     pub(super) async fn still_open(&mut self) -> Result<bool, sqlx::Error> {
         Ok(true)
     }
@@ -417,6 +459,7 @@ impl Tx {
         sql: &CheckedSql,
         params: &[crate::sql_value::SqlValue],
     ) -> Result<u64, DbError> {
+        self.flush_role().await.map_err(map_error)?;
         bind(sqlx::query(AssertSqlSafe(sql.shared_text())), params)
             .execute(&mut *self.tx)
             .await
@@ -431,6 +474,7 @@ impl Tx {
         params: &[crate::sql_value::SqlValue],
         bounds: ResultBounds,
     ) -> Result<Rows, DbError> {
+        self.flush_role().await.map_err(map_error)?;
         let conn: &mut PgConnection = &mut self.tx;
         let largest_row = &mut self.largest_row;
         let mut stream =
@@ -478,6 +522,7 @@ impl Tx {
         names: &[String],
         tables: &[String],
     ) -> Result<Vec<String>, DbError> {
+        self.flush_role().await.map_err(map_error)?;
         sqlx::query_scalar(
             "SELECT f FROM unnest($1::text[]) AS f
          WHERE EXISTS (

@@ -8,7 +8,7 @@
 //! inserted before the switch, as the host's own user: the role has no
 //! privilege on any `idem_*` table.
 
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 
 /// Quotes `name` as a PostgreSQL identifier. Names in config are matched the
 /// way the guard matches them (unquoted, so case-folded to lower case).
@@ -80,14 +80,8 @@ pub(super) async fn prepare(
     tx.commit().await
 }
 
-/// Switches the rest of `tx` to `role` (`SET LOCAL ROLE`).
-pub(super) async fn enter(
-    tx: &mut Transaction<'static, Postgres>,
-    role: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('role', $1, true)")
-        .bind(role)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
+/// The statement that switches the rest of a transaction to `role`
+/// (`SET LOCAL ROLE`, quoted: a name from [`prepare`]).
+pub(super) fn enter_sql(role: &str) -> String {
+    format!("SET LOCAL ROLE {}", ident(role))
 }

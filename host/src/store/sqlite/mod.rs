@@ -75,7 +75,7 @@ impl super::Tx {
     /// A transaction the caller began on a SQLite pool (tests and tools; the
     /// host begins its own with [`super::Database::begin`], `BEGIN IMMEDIATE`).
     pub fn from_sqlite(tx: Transaction<'static, Sqlite>) -> Self {
-        super::Tx(Backend::Sqlite(Tx(tx)))
+        super::Tx(Backend::Sqlite(Tx(tx)), false)
     }
 
     /// The SQLite transaction, for tests and tools that run SQL of their own
@@ -155,10 +155,18 @@ impl Pool {
 
     /// `BEGIN IMMEDIATE`: takes the write lock at once.
     pub(super) async fn begin(&self) -> Result<super::Tx, sqlx::Error> {
-        Ok(super::Tx(Backend::Sqlite(Tx(self
-            .0
-            .begin_with("BEGIN IMMEDIATE")
-            .await?))))
+        Ok(super::Tx(
+            Backend::Sqlite(Tx(self.0.begin_with("BEGIN IMMEDIATE").await?)),
+            false,
+        ))
+    }
+
+    /// [`Pool::begin`], then the progress handler that bounds every
+    /// statement of the transaction ([`Tx::bound_statements`]).
+    pub(super) async fn begin_bounded(&self, timeout: Duration) -> Result<super::Tx, sqlx::Error> {
+        let mut tx = Tx(self.0.begin_with("BEGIN IMMEDIATE").await?);
+        tx.bound_statements(timeout).await?;
+        Ok(super::Tx(Backend::Sqlite(tx), false))
     }
 
     pub(super) async fn close(&self) {
