@@ -52,7 +52,8 @@ pub enum Command {
         /// The JSON Lines file.
         file: PathBuf,
     },
-    /// Dead letters: list, show, redrive, drop (uses the database only).
+    /// Dead letters: list, show, redrive, drop (the database; redrive also
+    /// reads the deployed version from the broker).
     Dlq {
         /// Which dead-letter command.
         #[command(subcommand)]
