@@ -41,6 +41,11 @@
 //! `idem_publish_to_commit_seconds` (its clock minus the broker's publish
 //! time, whole milliseconds), read from an in-process metrics recorder.
 //!
+//! - **Scaling** (a second table): 1, 2 and 3 host processes with the Rust
+//!   component, concurrency 8 each, share one durable consumer and one
+//!   PostgreSQL database; the time runs from when every host has started
+//!   until the receipts count N.
+//!
 //! Columns: msg/s; latency p50 / p99 (ms; D: one transaction); the row's
 //! process peak RSS (MiB, `VmHWM`; nats-server and PostgreSQL are other
 //! processes); the ratios to native, to D and to min(B confirmed, D) at the
@@ -81,6 +86,9 @@ const COMPONENTS: [(&str, &str); 4] = [
 
 /// The handler concurrencies compared.
 const CONCURRENCY: [usize; 2] = [1, 8];
+
+/// Each host's concurrency in the scaling rows.
+const FLEET_CONCURRENCY: usize = 8;
 
 /// Accounts the credits spread over.
 const ACCOUNTS: usize = 1000;
@@ -131,6 +139,10 @@ enum What {
         native: bool,
         duplicates: bool,
     },
+    /// One of several hosts sharing the durable consumer of stream
+    /// `T<row>` and the database at `url` (made by the parent): starts,
+    /// says `ready`, runs from `go` on stdin until stdin closes.
+    FleetMember { module: PathBuf, url: String },
 }
 
 /// One row, handed to its process.
@@ -154,6 +166,13 @@ struct Measured {
     p50: Option<f64>,
     p99: Option<f64>,
     rss_mib: Option<f64>,
+    /// CPU seconds the process used (user + system), scaling rows only.
+    #[serde(default)]
+    cpu_s: Option<f64>,
+    /// How busy the machine's CPUs were during the row (0 to 1), scaling
+    /// rows only.
+    #[serde(default)]
+    busy: Option<f64>,
 }
 
 /// A fresh database for one row: dropped (PostgreSQL) or deleted with its
@@ -248,6 +267,7 @@ async fn run_row(spec: Spec) -> Result<Measured> {
             native,
             duplicates,
         } => host(&spec, module, native, duplicates).await,
+        What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
     }
 }
 
@@ -347,6 +367,7 @@ async fn database(spec: &Spec) -> Result<Measured> {
         p50,
         p99,
         rss_mib: peak_rss_mib(),
+        ..Default::default()
     })
 }
 
@@ -399,7 +420,7 @@ async fn host(spec: &Spec, module: PathBuf, native: bool, duplicates: bool) -> R
     recorder
         .install()
         .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
-    let (row, n, c) = (spec.row, spec.n, spec.concurrency);
+    let (row, n) = (spec.row, spec.n);
     let js = jetstream::new(async_nats::connect(&spec.nats).await?);
     let payloads: Vec<String> = if duplicates {
         (0..n).map(|i| credit(i % (n / 2).max(1))).collect()
@@ -409,23 +430,8 @@ async fn host(spec: &Spec, module: PathBuf, native: bool, duplicates: bool) -> R
     let distinct = if duplicates { (n / 2).max(1) } else { n };
     let row_db = RowDb::new(spec).await?;
     let subject = stream_with(&js, row, &payloads).await?;
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("idem.toml");
     let name = format!("h{row}");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"{name}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"{subject}\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\n",
-            spec.nats,
-            row_db.url,
-            c + 2,
-            spec.cache.display(),
-            module.display(),
-            root().join("examples/credit/migrations").display()
-        ),
-    )?;
-    let config = Config::load(&cfg)?;
-    let host = Host::start(&config).await?;
+    let host = start_host(spec, &module, &row_db.url).await?;
     if native {
         put_native_in_place(&host)?;
     }
@@ -490,7 +496,172 @@ async fn host(spec: &Spec, module: PathBuf, native: bool, duplicates: bool) -> R
         p50,
         p99,
         rss_mib,
+        ..Default::default()
     })
+}
+
+/// `Host::start` for handler `h<row>` on stream `T<row>` with `module`,
+/// the row's concurrency, and the database at `url`.
+async fn start_host(spec: &Spec, module: &std::path::Path, url: &str) -> Result<Host> {
+    let (row, c) = (spec.row, spec.concurrency);
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\n",
+            spec.nats,
+            c + 2,
+            spec.cache.display(),
+            module.display(),
+            root().join("examples/credit/migrations").display()
+        ),
+    )?;
+    let config = Config::load(&cfg)?;
+    Host::start(&config).await
+}
+
+/// One host of a fleet row (the child's side of [`fleet`]).
+async fn fleet_member(spec: &Spec, module: PathBuf, url: &str) -> Result<Measured> {
+    use tokio::io::AsyncBufReadExt as _;
+    let host = start_host(spec, &module, url).await?;
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    println!("ready");
+    anyhow::ensure!(
+        stdin.next_line().await?.as_deref() == Some("go"),
+        "no go from the bench"
+    );
+    let cpu_at_go = cpu_seconds();
+    let token = CancellationToken::new();
+    let running = tokio::spawn(host.run(RunMode::Forever, token.clone()));
+    while stdin.next_line().await?.is_some() {}
+    let cpu_s = cpu_seconds().zip(cpu_at_go).map(|(end, go)| end - go);
+    token.cancel();
+    let _ = running.await;
+    Ok(Measured {
+        rss_mib: peak_rss_mib(),
+        cpu_s,
+        ..Default::default()
+    })
+}
+
+/// **Scaling**: `hosts` host processes share one durable consumer and one
+/// PostgreSQL database over the row's N messages; the time runs from `go`
+/// (every host started) until the receipts count N. RSS: the largest host.
+async fn fleet(spec: &Spec, hosts: usize) -> Result<Measured> {
+    use std::io::{BufRead as _, Write as _};
+    let js = jetstream::new(async_nats::connect(&spec.nats).await?);
+    let payloads: Vec<String> = (0..spec.n).map(credit).collect();
+    let row_db = RowDb::new(spec).await?;
+    stream_with(&js, spec.row, &payloads).await?;
+    let member = Spec {
+        what: What::FleetMember {
+            module: guests_dir().join("credit.wasm"),
+            url: row_db.url.clone(),
+        },
+        ..spec.clone()
+    };
+    let mut children = Vec::new();
+    for _ in 0..hosts {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .env(ROW_ENV, serde_json::to_string(&member)?)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()?;
+        let mut out = std::io::BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        anyhow::ensure!(line.trim() == "ready", "a host did not start: {line}");
+        children.push((child, out));
+    }
+    let db = Database::connect(&row_db.url, 1).await?;
+    let consumer = format!("h{}", spec.row);
+    let ticks = machine_ticks();
+    let started = Instant::now();
+    for (child, _) in &mut children {
+        writeln!(child.stdin.as_mut().context("stdin")?, "go")?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while db.receipt_count(&consumer).await? < spec.n as u64 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the fleet did not finish in 600 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let busy = match (ticks, machine_ticks()) {
+        (Some((busy0, all0)), Some((busy1, all1))) if all1 > all0 => {
+            Some((busy1 - busy0) as f64 / (all1 - all0) as f64)
+        }
+        _ => None,
+    };
+    // Tell the hosts to stop first: what they used is measured when they
+    // see stdin close, right after the last receipt.
+    for (child, _) in &mut children {
+        drop(child.stdin.take());
+    }
+    let total = total_balance(&db).await?;
+    db.close().await;
+    let mut rss: Option<f64> = None;
+    let mut cpu = 0.0;
+    for (mut child, mut out) in children {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest)?;
+        anyhow::ensure!(child.wait()?.success(), "a host failed: {rest}");
+        let m: Measured = serde_json::from_str(
+            rest.lines()
+                .last()
+                .and_then(|l| l.strip_prefix("row: "))
+                .context("no measurement from a host")?,
+        )?;
+        cpu += m.cpu_s.unwrap_or(0.0);
+        rss = match (rss, m.rss_mib) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    row_db.drop_it().await?;
+    anyhow::ensure!(
+        total == spec.n as i64,
+        "the accounts hold {total}, not {}",
+        spec.n
+    );
+    Ok(Measured {
+        rate: spec.n as f64 / secs,
+        secs,
+        rss_mib: rss,
+        cpu_s: Some(cpu),
+        busy,
+        ..Default::default()
+    })
+}
+
+/// This process's CPU time, user + system, in seconds (`/proc/self/stat`
+/// fields 14 and 15, in clock ticks of 1/100 s, `USER_HZ` on Linux: proc(5)).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// The machine's busy and total CPU ticks so far (`/proc/stat`, line
+/// `cpu`: busy = all but idle and iowait).
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let all: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some((all - idle, all))
 }
 
 #[cfg(feature = "native-handler")]
@@ -764,6 +935,32 @@ async fn bench() -> Result<()> {
     println!();
     for (db, c, r) in duplicate_costs {
         println!("- {db}, concurrency {c}: a skipped duplicate costs {r:.2} × a processed message");
+    }
+    if pg_admin.is_some() && rust.exists() {
+        eprintln!("throughput: scaling ...");
+        println!();
+        println!(
+            "Scaling: host processes sharing one durable consumer, PostgreSQL, the Rust component, concurrency {FLEET_CONCURRENCY} each"
+        );
+        println!();
+        println!(
+            "| hosts | msg/s | ÷ 1 host | machine CPU busy | hosts' CPU ms per message | largest host RSS MiB |"
+        );
+        println!("|--:|--:|--:|--:|--:|--:|");
+        let mut one = None;
+        for hosts in 1..=3 {
+            let s = spec(What::Database, Db::Postgres, FLEET_CONCURRENCY);
+            let m = fleet(&s, hosts).await?;
+            let base = *one.get_or_insert(m.rate);
+            println!(
+                "| {hosts} | {:.0} | {} | {} | {} | {} |",
+                m.rate,
+                ratio(m.rate, Some(base)),
+                m.busy.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
+                cell(m.cpu_s.map(|c| c * 1000.0 / n as f64), 2),
+                cell(m.rss_mib, 0)
+            );
+        }
     }
     Ok(())
 }
