@@ -8,6 +8,7 @@ use crate::broker::{self, Deliveries};
 use crate::broker_clock::{self, BrokerClock};
 use crate::config::Config;
 use crate::db_gate::DbGate;
+use crate::deploy::follow::Followed;
 use crate::handler::PreparedHandler;
 use crate::metrics::{HandlerStats, StatsSnapshot};
 use crate::pipeline::Pipeline;
@@ -86,84 +87,6 @@ pub enum RunMode {
     Drain,
 }
 
-/// At start, puts `handler`'s deployed version in place when the
-/// deployments bucket has one (else it keeps the config's `module`).
-/// `cfg.name` is the deployments key. A deployed version that cannot be
-/// fetched or loaded is reported, and the host runs the most recent earlier
-/// deployment that loads, which is what the hosts that refused the same
-/// record keep running; only when none does, the config's module. The
-/// refusal stays in the slot, so `idem status` shows it and the follower
-/// tries the record again later ([`crate::deploy::follow::RETRY_REFUSED`]).
-pub(crate) async fn use_deployed(
-    store: &crate::deploy::store::DeployStore,
-    cfg: &crate::config::HandlerConfig,
-    handler: &PreparedHandler,
-) {
-    let current = match store.current(&cfg.name).await {
-        Ok(Some(current)) => current,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(handler = %cfg.name, error = %format!("{e:#}"), "cannot read the deployments bucket; running the config's module until it can be read");
-            return;
-        }
-    };
-    let followed = followed(cfg, handler);
-    let Err(e) = crate::deploy::follow::apply(store, &followed, &current).await else {
-        return;
-    };
-    let refused = handler.slot().refused();
-    let config_digest = handler.slot().current().digest().to_owned();
-    let history = store.history(&cfg.name).await.unwrap_or_default();
-    let mut tried = std::collections::HashSet::new();
-    if let Ok(d) = &current.deployment {
-        tried.insert(d.digest.clone());
-    }
-    let mut fallback = None;
-    for earlier in history
-        .iter()
-        .rev()
-        .filter(|c| c.revision < current.revision)
-    {
-        let Ok(d) = &earlier.deployment else { continue };
-        if !tried.insert(d.digest.clone()) {
-            continue;
-        }
-        if d.digest == config_digest {
-            break;
-        }
-        if crate::deploy::follow::apply(store, &followed, earlier)
-            .await
-            .is_ok()
-        {
-            fallback = Some((earlier.revision, d.digest.clone()));
-            break;
-        }
-    }
-    if let Some(r) = refused {
-        handler.slot().refuse(&r.digest, &r.reason, r.revision);
-    }
-    match fallback {
-        Some((revision, digest)) => {
-            tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running the most recent earlier deployment that loads");
-        }
-        None => {
-            tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused; running the config's module");
-        }
-    }
-}
-
-fn followed(
-    cfg: &crate::config::HandlerConfig,
-    handler: &PreparedHandler,
-) -> crate::deploy::follow::Followed {
-    crate::deploy::follow::Followed {
-        name: cfg.name.clone(),
-        slot: handler.slot().clone(),
-        options: LoadOptions { wasi: cfg.wasi },
-        runtime: handler.runtime().clone(),
-    }
-}
-
 impl Host {
     /// With `[deploy] follow`: the task that follows the deployments
     /// bucket and the one that reports this host's versions.
@@ -174,7 +97,7 @@ impl Host {
         let followed = self
             .handlers
             .iter()
-            .map(|h| followed(h.pipeline.config(), h.pipeline.handler()))
+            .map(|h| Followed::of(h.pipeline.config(), h.pipeline.handler()))
             .collect();
         let reported = self
             .handlers
@@ -309,7 +232,7 @@ impl Host {
             }
             let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
             if let Some(store) = &deploy {
-                use_deployed(store, h, &handler).await;
+                crate::deploy::at_start::use_deployed(store, h, &handler).await;
             }
             let pipeline = Pipeline::new(h, handler, db.clone(), gate.clone(), clock);
             let pipeline = Arc::new(pipeline);

@@ -57,7 +57,7 @@ impl Redriver {
     /// Loads `handler`'s component and prepares it
     /// ([`PreparedHandler::prepare`]); with `config`'s `[deploy] follow`,
     /// puts the deployed version in place as a starting host does
-    /// (`service::use_deployed`).
+    /// ([`crate::deploy::at_start::use_deployed_via_broker`]).
     ///
     /// # Errors
     /// The wasm runtime cannot start, the component cannot be loaded, or
@@ -75,20 +75,7 @@ impl Redriver {
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
         let prepared = PreparedHandler::prepare(handler, component, runtime, &db).await;
-        if config.deploy.follow {
-            let deployed = async {
-                let nats = crate::broker::connect(&config.broker).await?;
-                crate::deploy::store::DeployStore::open(&nats.js, &config.deploy).await
-            }
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot read which version of handler `{}` is deployed: {e:#}; start the broker, or set [deploy] follow = false to redrive with the config's module",
-                    handler.name
-                )
-            })?;
-            crate::service::use_deployed(&deployed, handler, &prepared).await;
-        }
+        crate::deploy::at_start::use_deployed_via_broker(config, handler, &prepared).await?;
         tracing::info!(handler = %handler.name, digest = %prepared.slot().current().digest(), "redriving with this version");
         Ok(Self {
             handler: prepared,

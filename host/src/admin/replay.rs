@@ -147,11 +147,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     cfg.name = name;
     let handler = PreparedHandler::prepare(&cfg, component, runtime, &db).await;
     // The version the hosts run: the deployed one, when they follow deployments.
-    if config.deploy.follow {
-        let nats = broker::connect(&config.broker).await?;
-        let store = crate::deploy::store::DeployStore::open(&nats.js, &config.deploy).await?;
-        crate::service::use_deployed(&store, h, &handler).await;
-    }
+    crate::deploy::at_start::use_deployed_via_broker(&config, h, &handler).await?;
     let plan = Plan {
         broker: &config.broker,
         own: h,

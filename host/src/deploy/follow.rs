@@ -40,6 +40,22 @@ pub struct Followed {
     pub runtime: Arc<Runtime>,
 }
 
+impl Followed {
+    /// `handler`, prepared from `cfg`: its slot and runtime, and `wasi`
+    /// from the config.
+    pub fn of(
+        cfg: &crate::config::HandlerConfig,
+        handler: &crate::handler::PreparedHandler,
+    ) -> Self {
+        Followed {
+            name: cfg.name.clone(),
+            slot: handler.slot().clone(),
+            options: LoadOptions { wasi: cfg.wasi },
+            runtime: handler.runtime().clone(),
+        }
+    }
+}
+
 /// Puts `handler`'s deployment `current` in place when it is not what the
 /// handler runs (or last refused). Returns what happened, for the log.
 ///

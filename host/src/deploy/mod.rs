@@ -10,6 +10,7 @@
 //! swapped in ([`crate::component_slot`]). One that does not is refused,
 //! remembered and reported once; the old version keeps running.
 
+pub mod at_start;
 pub mod follow;
 pub mod heartbeat;
 pub mod record;

@@ -1,0 +1,423 @@
+//! Messages a second through one host, end to end, next to the ceilings of
+//! the broker and of the database and to a native handler, all measured in
+//! the same run, so the ratios hold on a noisy machine.
+//!
+//! Run: `cargo bench -p idem --features native-handler --bench throughput`
+//! (without the feature the `native` rows say so). It needs what
+//! `cold_start` needs (`nats-server` from `scripts/setup.sh`; the components
+//! from `scripts/build-guests.sh` and `scripts/build-lang-guests.sh`, a
+//! missing one gets a row that says so) and PostgreSQL at
+//! `IDEM_BENCH_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`,
+//! where it creates and drops one database per row (unreachable, its rows
+//! are left out). `IDEM_BENCH_N` sets the messages per row (default 4000).
+//!
+//! Every row runs in a process of its own (this program, started again with
+//! the row in `IDEM_THROUGHPUT_ROW`), so its peak RSS is its own, against a
+//! stream and a database of its own (SQLite in WAL mode with
+//! `synchronous=FULL`, as the host opens it), and drains N credit messages
+//! published beforehand:
+//! - **B**, the broker's ceiling: a durable pull consumer of async-nats
+//!   takes the N messages and acks each, with a plain ack (no reply) and
+//!   with a confirmed ack (`double_ack`, the ack idem sends after COMMIT),
+//!   that many at a time. No database, no wasm.
+//! - **D**, the database's ceiling: the transaction idem commits per message
+//!   (BEGIN, idem's receipt insert, the credit upsert, COMMIT) sent from
+//!   Rust with sqlx, that many at a time. No broker, no wasm.
+//! - **native**: idem's pipeline (broker, receipt, COMMIT, confirmed ack)
+//!   with the credit logic compiled into the host behind the boundary a
+//!   guest's statements cross (`idem::runtime::native`).
+//! - **idem**: the credit component in Rust, C, JavaScript (QuickJS) and
+//!   Python.
+//! - **50 % duplicates** (Rust): the second half of the N messages repeats
+//!   the first half's event ids; below the table, what one skipped duplicate
+//!   costs next to one processed message (this row's time and the Rust
+//!   row's rate).
+//!
+//! A host row times `Host::run` from its start until the host's counters
+//! show every message settled (read every 2 ms), after `Host::start`
+//! (connect, tables, migrations, compile or cache). Then the same host takes
+//! messages published at half that rate for the latency: p50 and p99 of
+//! publish to COMMIT as the host records it for
+//! `idem_publish_to_commit_seconds` (its clock minus the broker's publish
+//! time, whole milliseconds), read from an in-process metrics recorder.
+//!
+//! - **Scaling** (a second table): 1, 2 and 3 host processes with the Rust
+//!   component, concurrency 8 each, share one durable consumer and one
+//!   PostgreSQL database; the time runs from when every host has started
+//!   until the receipts count N.
+//!
+//! Columns: msg/s; latency p50 / p99 (ms; D: one transaction); the row's
+//! process peak RSS (MiB, `VmHWM`; nats-server and PostgreSQL are other
+//! processes); the ratios to native, to D and to min(B confirmed, D) at the
+//! same concurrency.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../common/mod.rs"]
+mod common;
+mod fleet;
+mod rows;
+
+use anyhow::{Context as _, Result, bail};
+use async_nats::jetstream::{self, consumer::pull};
+use common::nats::{Nats, guests_dir, root};
+use fleet::{fleet, fleet_member};
+use futures::StreamExt as _;
+use idem::config::Config;
+use idem::service::{Host, RunMode};
+use idem::store::Database;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use rows::{RowDb, broker, database, host, peak_rss_mib, start_host, stream_with, total_balance};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const PG_URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The environment variable that carries a row to its process.
+const ROW_ENV: &str = "IDEM_THROUGHPUT_ROW";
+
+/// The credit components, in the order of the table: label and file in
+/// `guests`.
+const COMPONENTS: [(&str, &str); 4] = [
+    ("Rust", "credit.wasm"),
+    ("C", "credit-c.wasm"),
+    ("JavaScript (QuickJS)", "credit-js-quickjs.wasm"),
+    ("Python", "credit-python.wasm"),
+];
+
+/// The handler concurrencies compared.
+const CONCURRENCY: [usize; 2] = [1, 8];
+
+/// Each host's concurrency in the scaling rows.
+const FLEET_CONCURRENCY: usize = 8;
+
+/// Accounts the credits spread over.
+const ACCOUNTS: usize = 1000;
+
+/// The credit upsert of `examples/credit`, as the credit components send it.
+const CREDIT: &str = "INSERT INTO accounts (account_id, balance) VALUES ($1, $2) \
+     ON CONFLICT (account_id) DO UPDATE SET balance = accounts.balance + excluded.balance";
+
+/// idem's receipt insert (`store::sql::INSERT_RECEIPT`).
+const RECEIPT: &str = "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING";
+
+/// The `i`-th credit event (event ids repeat when `i` does).
+fn credit(i: usize) -> String {
+    format!(
+        r#"{{"event_id":"e{i}","account_id":{},"amount":1}}"#,
+        i % ACCOUNTS + 1
+    )
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Db {
+    Sqlite,
+    Postgres,
+}
+
+impl Db {
+    fn label(self) -> &'static str {
+        match self {
+            Db::Sqlite => "SQLite",
+            Db::Postgres => "PostgreSQL",
+        }
+    }
+}
+
+/// What a row measures.
+#[derive(Clone, Serialize, Deserialize)]
+enum What {
+    /// B: plain acks (`None`) or confirmed acks, that many at a time.
+    Broker(Option<usize>),
+    /// D at the row's concurrency.
+    Database,
+    /// A host with this component (`native`: swapped for the native credit
+    /// handler after the start), over N messages (half of them repeats
+    /// with `duplicates`).
+    Host {
+        module: PathBuf,
+        native: bool,
+        duplicates: bool,
+    },
+    /// One of several hosts sharing the durable consumer of stream
+    /// `T<row>` and the database at `url` (made by the parent): starts,
+    /// says `ready`, runs from `go` on stdin until stdin closes.
+    FleetMember { module: PathBuf, url: String },
+}
+
+/// One row, handed to its process.
+#[derive(Clone, Serialize, Deserialize)]
+struct Spec {
+    row: usize,
+    what: What,
+    db: Db,
+    concurrency: usize,
+    n: usize,
+    nats: String,
+    pg_admin: Option<String>,
+    cache: PathBuf,
+}
+
+/// What one row measured.
+#[derive(Default, Clone, Serialize, Deserialize)]
+struct Measured {
+    rate: f64,
+    secs: f64,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    rss_mib: Option<f64>,
+    /// CPU seconds the process used (user + system), scaling rows only.
+    #[serde(default)]
+    cpu_s: Option<f64>,
+    /// How busy the machine's CPUs were during the row (0 to 1), scaling
+    /// rows only.
+    #[serde(default)]
+    busy: Option<f64>,
+}
+
+/// Runs one row in this process (the child's side).
+async fn run_row(spec: Spec) -> Result<Measured> {
+    match spec.what.clone() {
+        What::Broker(concurrency) => broker(&spec, concurrency).await,
+        What::Database => database(&spec).await,
+        What::Host {
+            module,
+            native,
+            duplicates,
+        } => host(&spec, module, native, duplicates).await,
+        What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
+    }
+}
+
+/// Runs `spec` in a new process of this program; its last stdout line is
+/// the measurement.
+fn in_child(spec: &Spec) -> Result<Measured> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .env(ROW_ENV, serde_json::to_string(spec)?)
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().last().and_then(|l| l.strip_prefix("row: ")) {
+        Some(json) if out.status.success() => Ok(serde_json::from_str(json)?),
+        _ => bail!("row {} failed ({}): {stdout}", spec.row, out.status),
+    }
+}
+
+fn cell(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn ratio(a: f64, b: Option<f64>) -> String {
+    match b {
+        Some(b) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    }
+}
+
+/// The table: what ran, then the ratios.
+struct Table {
+    native: Option<f64>,
+    d: Option<f64>,
+    b: Option<f64>,
+}
+
+impl Table {
+    fn header() {
+        println!(
+            "| row | database | concurrency | msg/s | p50 ms | p99 ms | peak RSS MiB | ÷ native | ÷ D | ÷ min(B, D) |"
+        );
+        println!("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    }
+
+    fn line(&self, what: &str, db: &str, c: &str, m: &Measured) {
+        let floor = match (self.d, self.b) {
+            (Some(d), Some(b)) => Some(d.min(b)),
+            (d, None) => d,
+            (None, b) => b,
+        };
+        println!(
+            "| {what} | {db} | {c} | {:.0} | {} | {} | {} | {} | {} | {} |",
+            m.rate,
+            cell(m.p50, 1),
+            cell(m.p99, 1),
+            cell(m.rss_mib, 0),
+            ratio(m.rate, self.native),
+            ratio(m.rate, self.d),
+            ratio(m.rate, floor),
+        );
+    }
+
+    fn failed(what: &str, db: &str, c: &str, why: &str) {
+        println!("| {what} | {db} | {c} | {why} | | | | | | |");
+    }
+}
+
+async fn bench() -> Result<()> {
+    let nats = Nats::start()?;
+    let pg = std::env::var("IDEM_BENCH_PG_URL").unwrap_or_else(|_| PG_URL_DEFAULT.into());
+    let pg_admin = match Database::connect(&pg, 1).await {
+        Ok(db) => {
+            db.close().await;
+            Some(pg)
+        }
+        Err(e) => {
+            eprintln!("throughput: PostgreSQL rows left out: {e:#}");
+            None
+        }
+    };
+    let n = std::env::var("IDEM_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4000);
+    let cache = tempfile::tempdir()?;
+    let mut row = 0;
+    let mut spec = |what: What, db: Db, concurrency: usize| {
+        row += 1;
+        Spec {
+            row,
+            what,
+            db,
+            concurrency,
+            n,
+            nats: nats.url(),
+            pg_admin: pg_admin.clone(),
+            cache: cache.path().to_owned(),
+        }
+    };
+    let rust = guests_dir().join("credit.wasm");
+
+    println!(
+        "{n} messages per row, {} cores; latency: p50 / p99 in ms (D: one transaction; native and idem: publish to COMMIT at half the row's rate)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    Table::header();
+    let none = Table {
+        native: None,
+        d: None,
+        b: None,
+    };
+    eprintln!("throughput: B ...");
+    none.line(
+        "B, plain ack",
+        "-",
+        "-",
+        &in_child(&spec(What::Broker(None), Db::Sqlite, 1))?,
+    );
+    let mut confirmed = Vec::new();
+    for c in CONCURRENCY {
+        let b = in_child(&spec(What::Broker(Some(c)), Db::Sqlite, c))?;
+        none.line("B, confirmed ack", "-", &c.to_string(), &b);
+        confirmed.push(b.rate);
+    }
+    let mut dbs = vec![Db::Sqlite];
+    if pg_admin.is_some() {
+        dbs.push(Db::Postgres);
+    }
+    let mut duplicate_costs = Vec::new();
+    for db in dbs {
+        for (c, b) in CONCURRENCY.into_iter().zip(confirmed.iter().copied()) {
+            let (label, cs) = (db.label(), c.to_string());
+            eprintln!("throughput: {label}, concurrency {c} ...");
+            let d = in_child(&spec(What::Database, db, c))?;
+            let mut table = Table {
+                native: None,
+                d: Some(d.rate),
+                b: Some(b),
+            };
+            table.line("D", label, &cs, &d);
+            let host = |module: PathBuf, native, duplicates| What::Host {
+                module,
+                native,
+                duplicates,
+            };
+            match in_child(&spec(host(rust.clone(), true, false), db, c)) {
+                Ok(m) => {
+                    table.line("native", label, &cs, &m);
+                    table.native = Some(m.rate);
+                }
+                Err(e) => Table::failed("native", label, &cs, &format!("{e:#}")),
+            }
+            let mut rust_rate = None;
+            for (lang, file) in COMPONENTS {
+                let module = guests_dir().join(file);
+                if !module.exists() {
+                    Table::failed(
+                        &format!("idem, {lang}"),
+                        label,
+                        &cs,
+                        &format!("missing: {}", module.display()),
+                    );
+                    continue;
+                }
+                let m = in_child(&spec(host(module, false, false), db, c))?;
+                if file == "credit.wasm" {
+                    rust_rate = Some(m.rate);
+                }
+                table.line(&format!("idem, {lang}"), label, &cs, &m);
+            }
+            if let Some(processed_rate) = rust_rate {
+                let m = in_child(&spec(host(rust.clone(), false, true), db, c))?;
+                // Half its messages do no work: no ratio to native.
+                table.native = None;
+                table.line("idem, Rust, 50 % duplicates", label, &cs, &m);
+                // Half the messages processed at the Rust row's rate, the rest duplicates.
+                let half = (n / 2) as f64;
+                let per_processed = 1.0 / processed_rate;
+                let per_duplicate = (m.secs - half * per_processed) / (n as f64 - half);
+                duplicate_costs.push((label, c, per_duplicate / per_processed));
+            }
+        }
+    }
+    println!();
+    for (db, c, r) in duplicate_costs {
+        println!("- {db}, concurrency {c}: a skipped duplicate costs {r:.2} × a processed message");
+    }
+    if pg_admin.is_some() && rust.exists() {
+        eprintln!("throughput: scaling ...");
+        println!();
+        println!(
+            "Scaling: host processes sharing one durable consumer, PostgreSQL, the Rust component, concurrency {FLEET_CONCURRENCY} each"
+        );
+        println!();
+        println!(
+            "| hosts | msg/s | ÷ 1 host | machine CPU busy | hosts' CPU ms per message | largest host RSS MiB |"
+        );
+        println!("|--:|--:|--:|--:|--:|--:|");
+        let mut one = None;
+        for hosts in 1..=3 {
+            let s = spec(What::Database, Db::Postgres, FLEET_CONCURRENCY);
+            let m = fleet(&s, hosts).await?;
+            let base = *one.get_or_insert(m.rate);
+            println!(
+                "| {hosts} | {:.0} | {} | {} | {} | {} |",
+                m.rate,
+                ratio(m.rate, Some(base)),
+                m.busy.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
+                cell(m.cpu_s.map(|c| c * 1000.0 / n as f64), 2),
+                cell(m.rss_mib, 0)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match std::env::var(ROW_ENV) {
+        Ok(spec) => {
+            let spec: Spec = serde_json::from_str(&spec)?;
+            let measured = runtime.block_on(run_row(spec))?;
+            println!("row: {}", serde_json::to_string(&measured)?);
+            Ok(())
+        }
+        Err(_) => runtime.block_on(bench()),
+    }
+}

@@ -1,0 +1,433 @@
+//! The rows that run in a process of their own: B, D, and one host
+//! (native or a component), with what they share.
+
+use super::*;
+
+/// A fresh database for one row: dropped (PostgreSQL) or deleted with its
+/// directory (SQLite) at the end.
+pub(super) struct RowDb {
+    pub(super) url: String,
+    _dir: tempfile::TempDir,
+    pg: Option<(String, String)>,
+}
+
+impl RowDb {
+    pub(super) async fn new(spec: &Spec) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        match spec.db {
+            Db::Sqlite => Ok(RowDb {
+                url: format!("sqlite://{}", dir.path().join("idem.db").display()),
+                _dir: dir,
+                pg: None,
+            }),
+            Db::Postgres => {
+                let admin = spec.pg_admin.clone().context("no PostgreSQL")?;
+                let name = format!("idem_throughput_{}_{}", std::process::id(), spec.row);
+                let a = Database::connect(&admin, 1).await?;
+                let pool = a.postgres_pool().context("not PostgreSQL")?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(pool)
+                    .await
+                    .context("CREATE DATABASE")?;
+                a.close().await;
+                Ok(RowDb {
+                    url: common::with_database(&admin, &name),
+                    _dir: dir,
+                    pg: Some((admin, name)),
+                })
+            }
+        }
+    }
+
+    pub(super) async fn drop_it(self) -> Result<()> {
+        if let Some((admin, name)) = self.pg {
+            let db = Database::connect(&admin, 1).await?;
+            let pool = db.postgres_pool().context("not PostgreSQL")?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(pool)
+            .await?;
+            db.close().await;
+        }
+        Ok(())
+    }
+}
+
+/// A stream `T<row>` on `t<row>.credit` holding `payloads`, published
+/// without `Nats-Msg-Id` (the broker keeps repeats); returns the subject.
+pub(super) async fn stream_with(
+    js: &jetstream::Context,
+    row: usize,
+    payloads: &[String],
+) -> Result<String> {
+    let subject = format!("t{row}.credit");
+    js.create_stream(jetstream::stream::Config {
+        name: format!("T{row}"),
+        subjects: vec![subject.clone()],
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        ..Default::default()
+    })
+    .await?;
+    let acks: Vec<_> = futures::stream::iter(payloads.iter().cloned())
+        .map(|p| {
+            let (js, subject) = (js.clone(), subject.clone());
+            async move {
+                js.publish(subject, p.into())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+            }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    for ack in acks {
+        ack?;
+    }
+    Ok(subject)
+}
+
+/// **B**: a durable pull consumer takes the row's N messages, acking each
+/// plainly (`concurrency` None) or with a confirmed ack, that many at a time.
+pub(super) async fn broker(spec: &Spec, concurrency: Option<usize>) -> Result<Measured> {
+    let js = jetstream::new(async_nats::connect(&spec.nats).await?);
+    let payloads: Vec<String> = (0..spec.n).map(credit).collect();
+    stream_with(&js, spec.row, &payloads).await?;
+    let stream = js.get_stream(format!("T{}", spec.row)).await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(format!("b{}", spec.row)),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    let started = Instant::now();
+    let messages = consumer.messages().await?.take(spec.n);
+    let failed = Arc::new(AtomicUsize::new(0));
+    messages
+        .for_each_concurrent(concurrency.unwrap_or(1), |m| {
+            let failed = failed.clone();
+            async move {
+                let ok = match (m, concurrency) {
+                    (Ok(m), None) => m.ack().await.is_ok(),
+                    (Ok(m), Some(_)) => m.double_ack().await.is_ok(),
+                    (Err(_), _) => false,
+                };
+                if !ok {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("{failed} acks failed");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(Measured {
+        rate: spec.n as f64 / secs,
+        secs,
+        rss_mib: peak_rss_mib(),
+        ..Default::default()
+    })
+}
+
+/// **D**: N transactions of receipt insert + credit upsert, `concurrency`
+/// at a time, straight to the database.
+pub(super) async fn database(spec: &Spec) -> Result<Measured> {
+    let row_db = RowDb::new(spec).await?;
+    let c = spec.concurrency;
+    let db = Arc::new(Database::connect(&row_db.url, c as u32).await?);
+    db.prepare_host_tables().await?;
+    common::run_sql(
+        &db,
+        [
+            "CREATE TABLE accounts (account_id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)"
+                .to_owned(),
+        ],
+    )
+    .await?;
+    let (next, n) = (Arc::new(AtomicUsize::new(0)), spec.n);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..c {
+        let (next, db) = (next.clone(), db.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, anyhow::Error>(took);
+                }
+                let t = Instant::now();
+                one_transaction(&db, i).await?;
+                took.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }));
+    }
+    let mut took = Vec::new();
+    for t in tasks {
+        took.extend(t.await??);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let balance_total = total_balance(&db).await?;
+    db.close().await;
+    row_db.drop_it().await?;
+    if balance_total != n as i64 {
+        bail!("the accounts hold {balance_total}, not {n}");
+    }
+    let (p50, p99) = percentiles(took);
+    Ok(Measured {
+        rate: n as f64 / secs,
+        secs,
+        p50,
+        p99,
+        rss_mib: peak_rss_mib(),
+        ..Default::default()
+    })
+}
+
+/// The sum of every balance (each credit adds 1).
+pub(super) async fn total_balance(db: &Database) -> Result<i64> {
+    const SUM: &str = "SELECT CAST(COALESCE(SUM(balance), 0) AS BIGINT) FROM accounts";
+    Ok(match (db.postgres_pool(), db.sqlite_pool()) {
+        (Some(pool), _) => sqlx::query_scalar(SUM).fetch_one(pool).await?,
+        (None, Some(pool)) => sqlx::query_scalar(SUM).fetch_one(pool).await?,
+        (None, None) => bail!("no database backend"),
+    })
+}
+
+/// One message's transaction as idem commits it, without the guest.
+pub(super) async fn one_transaction(db: &Database, i: usize) -> Result<()> {
+    let id = format!("e{i}");
+    let account = (i % ACCOUNTS + 1) as i64;
+    macro_rules! transaction {
+        ($pool:expr) => {{
+            let mut tx = $pool.begin().await?;
+            sqlx::query(RECEIPT)
+                .bind("d")
+                .bind(&id)
+                .bind(i as i64)
+                .bind("none")
+                .bind(0_i64)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(CREDIT)
+                .bind(account)
+                .bind(1_i64)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }};
+    }
+    match (db.postgres_pool(), db.sqlite_pool()) {
+        (Some(pool), _) => transaction!(pool),
+        (None, Some(pool)) => transaction!(pool),
+        (None, None) => bail!("no database backend"),
+    }
+    Ok(())
+}
+
+/// **native** and **idem**: a host with `concurrency` over the row's
+/// messages, then over messages published at half its rate for the latency.
+pub(super) async fn host(
+    spec: &Spec,
+    module: PathBuf,
+    native: bool,
+    duplicates: bool,
+) -> Result<Measured> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
+    let (row, n) = (spec.row, spec.n);
+    let js = jetstream::new(async_nats::connect(&spec.nats).await?);
+    let payloads: Vec<String> = if duplicates {
+        (0..n).map(|i| credit(i % (n / 2).max(1))).collect()
+    } else {
+        (0..n).map(credit).collect()
+    };
+    let distinct = if duplicates { (n / 2).max(1) } else { n };
+    let row_db = RowDb::new(spec).await?;
+    let subject = stream_with(&js, row, &payloads).await?;
+    let name = format!("h{row}");
+    let host = start_host(spec, &module, &row_db.url).await?;
+    if native {
+        put_native_in_place(&host)?;
+    }
+    let (_, stats) = host.stats().into_iter().next().context("no handler")?;
+    let settled = |s: &idem::metrics::StatsSnapshot| s.processed + s.duplicates + s.dead_lettered;
+    let token = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(host.run(RunMode::Forever, token.clone()));
+    while settled(&stats.snapshot()) < n as u64 {
+        if running.is_finished() {
+            bail!("the host stopped before the messages were processed");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let rate = n as f64 / secs;
+    let s = stats.snapshot();
+    if (s.processed, s.duplicates, s.dead_lettered, s.retried)
+        != (distinct as u64, (n - distinct) as u64, 0, 0)
+    {
+        bail!(
+            "not a clean run: {} processed, {} duplicates, {} dead-lettered, {} retried",
+            s.processed,
+            s.duplicates,
+            s.dead_lettered,
+            s.retried
+        );
+    }
+
+    // Latency: messages at half the rate, after the backlog's samples are
+    // taken out of the recorder.
+    let _ = publish_to_commit(&snapshotter, &name);
+    let paced = (rate.min(2000.0) as usize).max(100);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(2.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    for i in 0..paced {
+        tick.tick().await;
+        js.publish(subject.clone(), credit(1_000_000 + i).into())
+            .await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while settled(&stats.snapshot()) < (n + paced) as u64 {
+        if Instant::now() > deadline {
+            bail!("the paced messages were not processed within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (p50, p99) = percentiles(publish_to_commit(&snapshotter, &name));
+    let rss_mib = peak_rss_mib();
+    token.cancel();
+    let _ = running.await;
+    let db = Database::connect(&row_db.url, 1).await?;
+    let total = total_balance(&db).await?;
+    db.close().await;
+    row_db.drop_it().await?;
+    if total != (distinct + paced) as i64 {
+        bail!("the accounts hold {total}, not {}", distinct + paced);
+    }
+    Ok(Measured {
+        rate,
+        secs,
+        p50,
+        p99,
+        rss_mib,
+        ..Default::default()
+    })
+}
+
+/// `Host::start` for handler `h<row>` on stream `T<row>` with `module`,
+/// the row's concurrency, and the database at `url`.
+pub(super) async fn start_host(spec: &Spec, module: &std::path::Path, url: &str) -> Result<Host> {
+    let (row, c) = (spec.row, spec.concurrency);
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\n",
+            spec.nats,
+            c + 2,
+            spec.cache.display(),
+            module.display(),
+            root().join("examples/credit/migrations").display()
+        ),
+    )?;
+    let config = Config::load(&cfg)?;
+    Host::start(&config).await
+}
+
+#[cfg(feature = "native-handler")]
+pub(super) fn put_native_in_place(host: &Host) -> Result<()> {
+    use idem::runtime::HandlerComponent;
+    use idem::runtime::native::{NativeHandler, NativeHost};
+    use idem::runtime::{GuestMessage, HandlerFailure};
+    use idem::store::SqlValue;
+
+    /// `examples/credit` compiled into the host.
+    struct NativeCredit;
+
+    #[derive(Deserialize)]
+    struct CreditEvent {
+        account_id: i64,
+        amount: i64,
+    }
+
+    impl NativeHandler for NativeCredit {
+        fn handle<'a>(
+            &'a self,
+            host: &'a mut NativeHost<'_>,
+            msg: &'a GuestMessage,
+        ) -> futures::future::BoxFuture<'a, Result<(), HandlerFailure>> {
+            Box::pin(async move {
+                let event: CreditEvent = serde_json::from_slice(&msg.payload)
+                    .map_err(|e| HandlerFailure::Reject(format!("not a credit event: {e}")))?;
+                let params = vec![
+                    SqlValue::Integer(event.account_id),
+                    SqlValue::Integer(event.amount),
+                ];
+                match host.execute(CREDIT, params).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(HandlerFailure::Retry(e)),
+                    Err(trap) => Err(HandlerFailure::Trap(trap)),
+                }
+            })
+        }
+    }
+
+    for (_, slot) in host.slots() {
+        slot.swap(HandlerComponent::native("credit", Arc::new(NativeCredit)));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "native-handler"))]
+pub(super) fn put_native_in_place(_: &Host) -> Result<()> {
+    bail!("built without --features native-handler")
+}
+
+/// The `idem_publish_to_commit_seconds` samples of `handler` since the
+/// last call (the recorder hands each sample out once), in milliseconds.
+pub(super) fn publish_to_commit(snapshotter: &Snapshotter, handler: &str) -> Vec<f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| {
+            let key = key.key();
+            key.name() == "idem_publish_to_commit_seconds"
+                && key
+                    .labels()
+                    .any(|l| l.key() == "handler" && l.value() == handler)
+        })
+        .flat_map(|(_, _, _, value)| match value {
+            DebugValue::Histogram(v) => v.into_iter().map(|x| x.into_inner() * 1000.0).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// p50 and p99 of `samples`.
+pub(super) fn percentiles(mut samples: Vec<f64>) -> (Option<f64>, Option<f64>) {
+    if samples.is_empty() {
+        return (None, None);
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (Some(at(0.5)), Some(at(0.99)))
+}
+
+/// This process's peak RSS (`VmHWM` in `/proc/self/status`), MiB.
+pub(super) fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

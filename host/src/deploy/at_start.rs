@@ -1,0 +1,98 @@
+//! Which version of a handler runs when a host (or `idem replay`, or
+//! `idem dlq redrive`) starts: the deployed one when the deployments bucket
+//! has one for it, else the config's `module`.
+
+use super::follow::{Followed, apply};
+use super::store::DeployStore;
+use crate::config::{Config, HandlerConfig};
+use crate::handler::PreparedHandler;
+
+/// At start, puts `handler`'s deployed version in place when the
+/// deployments bucket has one (else it keeps the config's `module`).
+/// `cfg.name` is the deployments key. A deployed version that cannot be
+/// fetched or loaded is reported, and the host runs the most recent earlier
+/// deployment that loads, which is what the hosts that refused the same
+/// record keep running; only when none does, the config's module. The
+/// refusal stays in the slot, so `idem status` shows it and the follower
+/// tries the record again later ([`super::follow::RETRY_REFUSED`]).
+pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &PreparedHandler) {
+    let current = match store.current(&cfg.name).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(handler = %cfg.name, error = %format!("{e:#}"), "cannot read the deployments bucket; running the config's module until it can be read");
+            return;
+        }
+    };
+    let followed = Followed::of(cfg, handler);
+    let Err(e) = apply(store, &followed, &current).await else {
+        return;
+    };
+    let refused = handler.slot().refused();
+    let config_digest = handler.slot().current().digest().to_owned();
+    let history = store.history(&cfg.name).await.unwrap_or_default();
+    let mut tried = std::collections::HashSet::new();
+    if let Ok(d) = &current.deployment {
+        tried.insert(d.digest.clone());
+    }
+    let mut fallback = None;
+    for earlier in history
+        .iter()
+        .rev()
+        .filter(|c| c.revision < current.revision)
+    {
+        let Ok(d) = &earlier.deployment else { continue };
+        if !tried.insert(d.digest.clone()) {
+            continue;
+        }
+        if d.digest == config_digest {
+            break;
+        }
+        if apply(store, &followed, earlier).await.is_ok() {
+            fallback = Some((earlier.revision, d.digest.clone()));
+            break;
+        }
+    }
+    if let Some(r) = refused {
+        handler.slot().refuse(&r.digest, &r.reason, r.revision);
+    }
+    match fallback {
+        Some((revision, digest)) => {
+            tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running the most recent earlier deployment that loads");
+        }
+        None => {
+            tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused; running the config's module");
+        }
+    }
+}
+
+/// [`use_deployed`] for a command that runs a handler outside a host
+/// (`idem replay`, `idem dlq redrive`), so it runs what the hosts run: with
+/// `config`'s `[deploy] follow`, over a broker connection of its own; a
+/// no-op without it.
+///
+/// # Errors
+/// One line: the broker cannot be reached or its buckets cannot be
+/// opened, with what to do.
+pub async fn use_deployed_via_broker(
+    config: &Config,
+    cfg: &HandlerConfig,
+    handler: &PreparedHandler,
+) -> anyhow::Result<()> {
+    if !config.deploy.follow {
+        return Ok(());
+    }
+    let store = async {
+        let nats = crate::broker::connect(&config.broker).await?;
+        DeployStore::open(&nats.js, &config.deploy).await
+    }
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read which version of handler `{}` is deployed: {e:#}; start the broker, or set [deploy] follow = false to use the config's module",
+            cfg.name
+        )
+    })?;
+    use_deployed(&store, cfg, handler).await;
+    Ok(())
+}
