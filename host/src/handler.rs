@@ -159,6 +159,16 @@ impl PreparedHandler {
         db.begin_bounded(self.statement_timeout).await
     }
 
+    /// BEGIN of a batch's transaction on `db` ([`Database::begin_batch`]):
+    /// every statement bounded by the handler's statement timeout, and on
+    /// PostgreSQL each row lock waited for briefly.
+    ///
+    /// # Errors
+    /// The database could not start a transaction ([`StoreError`]).
+    pub async fn begin_batch(&self, db: &Database) -> Result<Tx, StoreError> {
+        db.begin_batch(self.statement_timeout).await
+    }
+
     /// The transaction step (module docs) for `msg` in `tx`: receipt, then
     /// `admit` (`Some(reason)` refuses the message before any guest code),
     /// role, guest, COMMIT. The receipt is `(name, msg.message_id)` with the
@@ -230,14 +240,7 @@ impl PreparedHandler {
         tx: Tx,
         msg: GuestMessage,
     ) -> Result<Tx, (HandlerFailure, Rollback)> {
-        let call = Invocation {
-            handler: self.name.clone(),
-            message_id: msg.message_id.clone(),
-            guard: self.guard.clone(),
-            limits: self.limits.clone(),
-            stats: self.stats.clone(),
-        };
-        let (result, tx) = self.runtime.handle(component, &call, tx, msg).await;
+        let (result, tx) = self.call_guest(component, tx, msg).await;
         let Err(failure) = result else {
             return Ok(tx);
         };
@@ -256,6 +259,164 @@ impl PreparedHandler {
             }
         };
         Err((failure, rollback))
+    }
+}
+
+/// How one message of [`PreparedHandler::apply_batch`] ended, in a batch
+/// whose transaction committed.
+#[derive(Debug)]
+pub enum BatchItem {
+    /// The guest succeeded: its effect and receipt committed with the
+    /// batch. How long its guest call took.
+    Applied(Duration),
+    /// A receipt for this message id existed: the guest did not run.
+    Duplicate,
+    /// `admit` refused it (the reason); its receipt was taken back.
+    Refused(String),
+    /// The guest failed; everything it did and its receipt were taken back.
+    GuestFailed(HandlerFailure),
+    /// A statement lost a lock conflict with another transaction (deadlock
+    /// or serialization failure): taken back like a failure, but it says
+    /// nothing about the message, which is to run again.
+    Conflict,
+}
+
+/// A committed batch: one [`BatchItem`] per message, in the order given,
+/// and how long the COMMIT took.
+#[derive(Debug)]
+pub struct BatchApplied {
+    /// How each message ended.
+    pub items: Vec<BatchItem>,
+    /// The COMMIT's duration.
+    pub commit: Duration,
+}
+
+impl PreparedHandler {
+    /// The transaction step for several messages in one transaction
+    /// (ARCHITECTURE.md, "Batching"): their receipts in one statement
+    /// ([`Tx::insert_receipts`]); then, for each message with a new receipt
+    /// that `admit` lets in, in the order given, the guest inside the
+    /// message's own savepoint; the receipts of the messages that did not
+    /// apply taken back; COMMIT. The messages must have distinct message
+    /// ids; `tx` is from [`PreparedHandler::begin_batch`]. A message's
+    /// failure costs only its own savepoint; every statement is bounded as
+    /// in [`PreparedHandler::apply`], and on SQLite each message gets the
+    /// whole statement budget.
+    ///
+    /// # Errors
+    /// A database step failed, or a failed message could not be rolled back
+    /// to its savepoint ([`StepFailed`]): the whole transaction is rolled
+    /// back (or dropped with its connection) and nothing of the batch
+    /// committed; at `COMMIT` the outcome is unknown.
+    pub async fn apply_batch(
+        &self,
+        mut tx: Tx,
+        msgs: Vec<GuestMessage>,
+        admit: impl Fn(&GuestMessage) -> Option<String>,
+    ) -> Result<BatchApplied, StepFailed> {
+        // One reference for the whole step: the receipts name what runs.
+        let component = self.slot.current();
+        let receipts: Vec<Receipt<'_>> = msgs
+            .iter()
+            .map(|m| Receipt {
+                consumer: &self.name,
+                message_id: &m.message_id,
+                stream_sequence: m.stream_sequence,
+                module_digest: component.digest(),
+                published_ms: m.published_ms,
+            })
+            .collect();
+        let new = match tx.insert_receipts(&receipts).await {
+            Ok(new) => new,
+            Err(error) => return Err(rolled_back(tx, "receipt insert", error).await),
+        };
+        drop(receipts);
+        if let Some(role) = &self.role
+            && let Err(error) = tx.enter_handler_role(role).await
+        {
+            return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
+        }
+        let mut items = Vec::with_capacity(msgs.len());
+        let mut taken_back: Vec<String> = Vec::new();
+        for (msg, new) in msgs.into_iter().zip(new) {
+            if !new {
+                items.push(BatchItem::Duplicate);
+                continue;
+            }
+            if let Some(reason) = admit(&msg) {
+                taken_back.push(msg.message_id.clone());
+                items.push(BatchItem::Refused(reason));
+                continue;
+            }
+            if let Err(error) = tx.begin_message(self.statement_timeout).await {
+                return Err(rolled_back(tx, "SAVEPOINT", error).await);
+            }
+            let message_id = msg.message_id.clone();
+            let started = Instant::now();
+            let (result, mut back) = self.call_guest(&component, tx, msg).await;
+            let conflict = back.take_conflict();
+            let applied = result.is_ok() && !conflict;
+            let bound = self.statement_timeout + Duration::from_secs(5);
+            match tokio::time::timeout(bound, back.end_message(applied)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    return Err(rolled_back(back, "ROLLBACK TO SAVEPOINT", error).await);
+                }
+                Err(_) => {
+                    tracing::error!(
+                        "rollback to the message's savepoint did not finish within {bound:?}; the batch's transaction is abandoned, nothing of it committed"
+                    );
+                    return Err(StepFailed {
+                        step: "ROLLBACK TO SAVEPOINT",
+                        error: StoreError::Sqlx(sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {bound:?}"),
+                        ))),
+                    });
+                }
+            }
+            tx = back;
+            items.push(match result {
+                _ if conflict => BatchItem::Conflict,
+                Ok(()) => BatchItem::Applied(started.elapsed()),
+                Err(failure) => BatchItem::GuestFailed(failure),
+            });
+            if !applied {
+                taken_back.push(message_id);
+            }
+        }
+        let ids: Vec<&str> = taken_back.iter().map(String::as_str).collect();
+        if let Err(error) = tx.forget_receipts(&self.name, &ids).await {
+            return Err(rolled_back(tx, "receipt delete", error).await);
+        }
+        let commit_started = Instant::now();
+        match tx.commit().await {
+            Ok(()) => Ok(BatchApplied {
+                items,
+                commit: commit_started.elapsed(),
+            }),
+            Err(error) => Err(StepFailed {
+                step: "COMMIT",
+                error,
+            }),
+        }
+    }
+
+    /// Calls the guest's `handle` on `msg` inside `tx` and hands `tx` back.
+    async fn call_guest(
+        &self,
+        component: &HandlerComponent,
+        tx: Tx,
+        msg: GuestMessage,
+    ) -> (Result<(), HandlerFailure>, Tx) {
+        let call = Invocation {
+            handler: self.name.clone(),
+            message_id: msg.message_id.clone(),
+            guard: self.guard.clone(),
+            limits: self.limits.clone(),
+            stats: self.stats.clone(),
+        };
+        self.runtime.handle(component, &call, tx, msg).await
     }
 }
 

@@ -63,6 +63,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Guest statements that failed on a unique constraint.",
     ),
     (
+        "idem_batched_total",
+        "Deliveries settled after a batch transaction that carried several messages committed.",
+    ),
+    (
         "idem_log_bytes_dropped_total",
         "Guest log bytes dropped by the per-message cap.",
     ),
@@ -233,6 +237,10 @@ pub struct HandlerStats {
     /// Guest statements that failed on a unique constraint (statements,
     /// not messages) (`idem_unique_violations_total`).
     pub unique_violations: Count,
+    /// Deliveries settled after a batch transaction (`batch` above 1) that
+    /// carried several messages committed (`idem_batched_total`); each is
+    /// also counted as processed, duplicate, retried or dead-lettered.
+    pub batched: Count,
     in_flight_now: Arc<AtomicU64>,
     instruments: Instruments,
 }
@@ -314,6 +322,7 @@ impl HandlerStats {
             db_pauses: Count::new("idem_db_pauses_total", handler),
             receipts_pruned: Count::new("idem_receipts_pruned_total", handler),
             unique_violations: Count::new("idem_unique_violations_total", handler),
+            batched: Count::new("idem_batched_total", handler),
             in_flight_now: Arc::default(),
             instruments: Instruments {
                 handler_seconds: histogram("idem_handler_seconds"),
@@ -392,6 +401,7 @@ impl HandlerStats {
             db_pauses: self.db_pauses.get(),
             receipts_pruned: self.receipts_pruned.get(),
             unique_violations: self.unique_violations.get(),
+            batched: self.batched.get(),
         }
     }
 }
@@ -421,13 +431,15 @@ pub struct StatsSnapshot {
     pub receipts_pruned: u64,
     /// Guest statements that failed on a unique constraint.
     pub unique_violations: u64,
+    /// Deliveries settled after a committed batch transaction.
+    pub batched: u64,
 }
 
 impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={} unique_violations={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={} unique_violations={} batched={}",
             self.delivered,
             self.processed,
             self.duplicates,
@@ -438,7 +450,8 @@ impl std::fmt::Display for StatsSnapshot {
             self.log_bytes_dropped,
             self.db_pauses,
             self.receipts_pruned,
-            self.unique_violations
+            self.unique_violations,
+            self.batched
         )
     }
 }

@@ -457,6 +457,10 @@ async fn consume(
         pipeline.config().concurrency.max(1),
     ));
     let mut in_flight = InFlight::default();
+    let (batch, linger) = (
+        pipeline.config().batch.max(1),
+        pipeline.config().batch_linger,
+    );
     let mut ready = Some(stopping.ready);
     if deliveries.open().await.is_ok()
         && let Some(ready) = ready.take()
@@ -481,24 +485,39 @@ async fn consume(
             () = stop.cancelled() => break,
             m = deliveries.next() => m,
         };
-        let msg = match msg {
-            Ok(msg) => msg,
+        let mut msgs = match msg {
+            Ok(msg) => vec![msg],
             Err(e) => {
-                tracing::error!(handler = %pipeline.name(), error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
-                let _ = lost.failure.set(e.0);
-                lost.stop.cancel();
+                lost.consumer_gone(pipeline.name(), e);
                 break;
             }
         };
         if let Some(ready) = ready.take() {
             let _ = ready.send(());
         }
+        let mut gone = None;
+        if batch > 1 {
+            // A stop while the batch fills ends the filling: what was taken
+            // runs (or is given back by the wind-down).
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {}
+                filled = deliveries.fill(&mut msgs, batch, linger) => gone = filled.err(),
+            }
+        }
         let p = pipeline.clone();
-        in_flight.spawn(msg.clone(), async move {
-            p.process(&msg).await;
+        in_flight.spawn(msgs.clone(), async move {
+            match msgs.as_slice() {
+                [msg] => drop(p.process(msg).await),
+                msgs => p.process_batch(msgs).await,
+            }
             drop(slot);
         });
         in_flight.reap(pipeline.name());
+        if let Some(e) = gone {
+            lost.consumer_gone(pipeline.name(), e);
+            break;
+        }
     }
     shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
 }
@@ -537,6 +556,15 @@ async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stor
 struct Lost {
     stop: CancellationToken,
     failure: Arc<std::sync::OnceLock<String>>,
+}
+
+impl Lost {
+    /// `handler`'s consumer is gone for good: says so, and stops the host.
+    fn consumer_gone(&self, handler: &str, e: broker::ConsumerLost) {
+        tracing::error!(%handler, error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
+        let _ = self.failure.set(e.0);
+        self.stop.cancel();
+    }
 }
 
 /// Refuses a stream that can present a message older than the handler's

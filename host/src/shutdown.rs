@@ -10,20 +10,21 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::task::{Id, JoinError, JoinSet};
 
-/// The deliveries one handler is running, each in its own task, with a copy
-/// of its message so that an abandoned one can be given back to the broker.
+/// The deliveries one handler is running, each (or each batch) in its own
+/// task, with a copy of its messages so that an abandoned one can be given
+/// back to the broker.
 #[derive(Default)]
 pub struct InFlight {
     tasks: JoinSet<()>,
-    messages: HashMap<Id, Message>,
+    messages: HashMap<Id, Vec<Message>>,
 }
 
 impl InFlight {
-    /// Runs `work` (the protocol for the delivery `msg`, a cheap copy of
-    /// it) in a task of its own.
-    pub fn spawn(&mut self, msg: Message, work: impl Future<Output = ()> + Send + 'static) {
+    /// Runs `work` (the protocol for the deliveries `msgs`, cheap copies of
+    /// them: one, or a batch) in a task of its own.
+    pub fn spawn(&mut self, msgs: Vec<Message>, work: impl Future<Output = ()> + Send + 'static) {
         let task = self.tasks.spawn(work);
-        self.messages.insert(task.id(), msg);
+        self.messages.insert(task.id(), msgs);
     }
 
     /// Forgets the deliveries that have finished, without waiting; a task
@@ -104,8 +105,8 @@ pub async fn wind_down(
     while let Some(done) = in_flight.tasks.join_next_with_id().await {
         in_flight.finished(handler, done);
     }
-    let abandoned = in_flight.messages.len();
-    for msg in in_flight.messages.values() {
+    let abandoned = in_flight.messages.values().map(Vec::len).sum::<usize>();
+    for msg in in_flight.messages.values().flatten() {
         give_back(handler, msg).await;
     }
     if abandoned > 0 {

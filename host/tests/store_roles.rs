@@ -197,3 +197,65 @@ async fn role_setup_and_pruning_do_not_wait_for_each_other() {
     raw(&db, &format!("DROP TABLE {table}")).await;
     raw(&db, &format!("DROP ROLE idem_handler_{handler}")).await;
 }
+
+/// The switch to the handler's role can fail where no savepoint covers it:
+/// sent with the SQL guard's catalog query (a statement naming `t.col` the
+/// guard has not seen), for a role dropped under a running host. PostgreSQL
+/// then aborts the transaction and would answer COMMIT with ROLLBACK and no
+/// error; a guest that ignores the guard's error and returns ok must not
+/// get its message acked as committed: COMMIT refuses, nothing is kept.
+#[tokio::test]
+async fn a_transaction_a_failed_role_switch_aborted_is_not_committed() {
+    let db = Database::connect(&pg_url(), 2).await.unwrap();
+    db.prepare_host_tables().await.unwrap();
+    let n = format!("{}_{}", std::process::id(), line!());
+    let t = format!("aborted_{n}");
+    raw(
+        &db,
+        &format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (id BIGINT PRIMARY KEY, amount BIGINT)"
+        ),
+    )
+    .await;
+    let consumer = format!("aborted_{n}");
+    let guard = SqlGuard::new(idem::store::DbKind::Postgres, std::slice::from_ref(&t));
+    let mut tx = db
+        .begin_bounded(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let receipt = Receipt {
+        consumer: &consumer,
+        message_id: "m1",
+        stream_sequence: 1,
+        module_digest: "d",
+        published_ms: 1,
+    };
+    assert!(tx.insert_receipt(&receipt).await.unwrap());
+    tx.enter_handler_role(&format!("idem_no_such_role_{n}"))
+        .await
+        .unwrap();
+    let verdict = guard
+        .check(
+            &mut tx,
+            &format!("UPDATE {t} SET amount = 1 WHERE {t}.id = $1"),
+            &[SqlValue::Integer(1)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(verdict.kind, DbErrorKind::Other, "{verdict:?}");
+    assert!(
+        verdict
+            .message
+            .starts_with("cannot switch to the handler's role: "),
+        "{verdict:?}"
+    );
+    let commit = tx.commit().await.unwrap_err().to_string();
+    assert!(
+        commit.starts_with(
+            "database error: rolled back, not committed: the switch to the handler's role failed"
+        ),
+        "{commit}"
+    );
+    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 0);
+    raw(&db, &format!("DROP TABLE {t}")).await;
+}

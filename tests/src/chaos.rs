@@ -323,6 +323,7 @@ pub fn add_stats(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
         db_pauses: a.db_pauses + b.db_pauses,
         receipts_pruned: a.receipts_pruned + b.receipts_pruned,
         unique_violations: a.unique_violations + b.unique_violations,
+        batched: a.batched + b.batched,
     }
 }
 
@@ -347,6 +348,7 @@ pub fn last_stats(text: &str) -> Option<StatsSnapshot> {
             "log_bytes_dropped" => s.log_bytes_dropped = v,
             "receipts_pruned" => s.receipts_pruned = v,
             "unique_violations" => s.unique_violations = v,
+            "batched" => s.batched = v,
             _ => {}
         }
     }

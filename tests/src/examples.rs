@@ -96,6 +96,7 @@ impl Env {
                 h.tables,
                 migrations.display(),
             ));
+            s.push_str(&crate::test_batch_line(extra));
         }
         let path = self.dir.path().join(format!("{file}.toml"));
         std::fs::write(&path, s).unwrap();

@@ -57,6 +57,7 @@ pub fn write_config(dir: &Path, nats: &Nats, db: &TestDb, handlers: &[HandlerSpe
             migrations.display(),
             h.extra
         ));
+        s.push_str(&test_batch_line(&h.extra));
     }
     let path = dir.join("idem.toml");
     std::fs::write(&path, s).unwrap();

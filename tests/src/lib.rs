@@ -96,6 +96,19 @@ pub fn idem_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// The `batch` line every handler a test config writes gets when
+/// `IDEM_TEST_BATCH` is set (`batch = N`; the suites run again with
+/// batching on, see scripts/test.sh), unless `extra` sets `batch` itself.
+pub fn test_batch_line(extra: &str) -> String {
+    match std::env::var("IDEM_TEST_BATCH") {
+        Ok(n) if !n.is_empty() && !extra.lines().any(|l| l.trim_start().starts_with("batch ")) => {
+            let n: usize = n.parse().expect("IDEM_TEST_BATCH is a number");
+            format!("batch = {n}\n")
+        }
+        _ => String::new(),
+    }
+}
+
 /// A credit event payload.
 pub fn credit(event_id: &str, account: i64, amount: i64) -> String {
     serde_json::json!({"event_id": event_id, "account_id": account, "amount": amount}).to_string()

@@ -172,6 +172,7 @@ async fn metrics_count_a_known_workload(backend: Backend) {
         ("idem_db_pauses_total", 0.0),
         ("idem_receipts_pruned_total", 0.0),
         ("idem_unique_violations_total", 1.0),
+        ("idem_batched_total", 0.0),
         ("idem_handler_seconds_count", 7.0),
         ("idem_commit_seconds_count", 7.0),
         ("idem_publish_to_commit_seconds_count", 7.0),

@@ -28,6 +28,10 @@
 //!   guest's statements cross (`idem::runtime::native`).
 //! - **idem**: the credit component in Rust, C, JavaScript (QuickJS) and
 //!   Python.
+//! - **batch 64** (native, Rust, and Rust with 50 % duplicates): the same
+//!   hosts with `batch = 64`;
+//!   below the table, the batched Rust rate over the unbatched one and over
+//!   B with plain acks.
 //! - **50 % duplicates** (Rust): the second half of the N messages repeats
 //!   the first half's event ids; below the table, what one skipped duplicate
 //!   costs next to one processed message (this row's time and the Rust
@@ -91,6 +95,9 @@ const COMPONENTS: [(&str, &str); 4] = [
 
 /// The handler concurrencies compared.
 const CONCURRENCY: [usize; 2] = [1, 8];
+
+/// The `batch` of the batched rows.
+const BATCH: usize = 64;
 
 /// Each host's concurrency in the scaling rows.
 const FLEET_CONCURRENCY: usize = 8;
@@ -157,6 +164,8 @@ struct Spec {
     what: What,
     db: Db,
     concurrency: usize,
+    /// The handler's `batch` (host rows).
+    batch: usize,
     n: usize,
     nats: String,
     pg_admin: Option<String>,
@@ -206,6 +215,17 @@ fn in_child(spec: &Spec) -> Result<Measured> {
         Some(json) if out.status.success() => Ok(serde_json::from_str(json)?),
         _ => bail!("row {} failed ({}): {stdout}", spec.row, out.status),
     }
+}
+
+/// What one skipped duplicate costs next to one processed message, from a
+/// row of `n` messages (half of them duplicates) that took `secs`, and the
+/// rate at which the same host processes messages that are all new: the
+/// first half costs what processed messages cost, the rest is duplicates.
+fn duplicate_cost(n: usize, processed_rate: f64, secs: f64) -> f64 {
+    let half = (n / 2) as f64;
+    let per_processed = 1.0 / processed_rate;
+    let per_duplicate = (secs - half * per_processed) / (n as f64 - half);
+    per_duplicate / per_processed
 }
 
 fn cell(v: Option<f64>, digits: usize) -> String {
@@ -283,6 +303,7 @@ async fn bench() -> Result<()> {
             what,
             db,
             concurrency,
+            batch: 1,
             n,
             nats: nats.url(),
             pg_admin: pg_admin.clone(),
@@ -303,12 +324,8 @@ async fn bench() -> Result<()> {
         b: None,
     };
     eprintln!("throughput: B ...");
-    none.line(
-        "B, plain ack",
-        "-",
-        "-",
-        &in_child(&spec(What::Broker(None), Db::Sqlite, 1))?,
-    );
+    let plain = in_child(&spec(What::Broker(None), Db::Sqlite, 1))?;
+    none.line("B, plain ack", "-", "-", &plain);
     let mut confirmed = Vec::new();
     for c in CONCURRENCY {
         let b = in_child(&spec(What::Broker(Some(c)), Db::Sqlite, c))?;
@@ -320,6 +337,7 @@ async fn bench() -> Result<()> {
         dbs.push(Db::Postgres);
     }
     let mut duplicate_costs = Vec::new();
+    let mut batch_gains = Vec::new();
     for db in dbs {
         for (c, b) in CONCURRENCY.into_iter().zip(confirmed.iter().copied()) {
             let (label, cs) = (db.label(), c.to_string());
@@ -361,22 +379,61 @@ async fn bench() -> Result<()> {
                 }
                 table.line(&format!("idem, {lang}"), label, &cs, &m);
             }
+            if let Some(unbatched) = rust_rate {
+                let mut batched = |native| {
+                    let mut s = spec(host(rust.clone(), native, false), db, c);
+                    s.batch = BATCH;
+                    s
+                };
+                let (native_spec, idem_spec) = (batched(true), batched(false));
+                let native_label = format!("native, batch {BATCH}");
+                match in_child(&native_spec) {
+                    Ok(m) => {
+                        table.line(&native_label, label, &cs, &m);
+                        table.native = Some(m.rate);
+                    }
+                    Err(e) => Table::failed(&native_label, label, &cs, &format!("{e:#}")),
+                }
+                let m = in_child(&idem_spec)?;
+                table.line(&format!("idem, Rust, batch {BATCH}"), label, &cs, &m);
+                batch_gains.push((label, c, m.rate / unbatched, m.rate / plain.rate));
+                let mut dup_spec = spec(host(rust.clone(), false, true), db, c);
+                dup_spec.batch = BATCH;
+                let d = in_child(&dup_spec)?;
+                table.native = None;
+                table.line(
+                    &format!("idem, Rust, batch {BATCH}, 50 % duplicates"),
+                    label,
+                    &cs,
+                    &d,
+                );
+                duplicate_costs.push((
+                    format!("{label}, batch {BATCH}"),
+                    c,
+                    duplicate_cost(n, m.rate, d.secs),
+                ));
+            }
             if let Some(processed_rate) = rust_rate {
                 let m = in_child(&spec(host(rust.clone(), false, true), db, c))?;
                 // Half its messages do no work: no ratio to native.
                 table.native = None;
                 table.line("idem, Rust, 50 % duplicates", label, &cs, &m);
-                // Half the messages processed at the Rust row's rate, the rest duplicates.
-                let half = (n / 2) as f64;
-                let per_processed = 1.0 / processed_rate;
-                let per_duplicate = (m.secs - half * per_processed) / (n as f64 - half);
-                duplicate_costs.push((label, c, per_duplicate / per_processed));
+                duplicate_costs.push((
+                    label.to_string(),
+                    c,
+                    duplicate_cost(n, processed_rate, m.secs),
+                ));
             }
         }
     }
     println!();
     for (db, c, r) in duplicate_costs {
         println!("- {db}, concurrency {c}: a skipped duplicate costs {r:.2} × a processed message");
+    }
+    for (db, c, gain, of_b) in batch_gains {
+        println!(
+            "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
+        );
     }
     if pg_admin.is_some() && rust.exists() {
         eprintln!("throughput: scaling ...");

@@ -332,12 +332,13 @@ pub(super) async fn start_host(spec: &Spec, module: &std::path::Path, url: &str)
     std::fs::write(
         &cfg,
         format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\n",
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n",
             spec.nats,
             c + 2,
             spec.cache.display(),
             module.display(),
-            root().join("examples/credit/migrations").display()
+            root().join("examples/credit/migrations").display(),
+            spec.batch.max(1)
         ),
     )?;
     let config = Config::load(&cfg)?;

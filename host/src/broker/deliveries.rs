@@ -240,6 +240,31 @@ impl Deliveries {
         buffered
     }
 
+    /// Adds to `batch` the messages that arrive within `linger` (those
+    /// already buffered at once, even with a `linger` of zero) until it
+    /// holds `max`. A message taken is never lost if this is cancelled: it
+    /// is in `batch`.
+    ///
+    /// # Errors
+    /// As [`Deliveries::next`]; `batch` keeps what was taken before.
+    pub async fn fill(
+        &mut self,
+        batch: &mut Vec<jetstream::Message>,
+        max: usize,
+        linger: Duration,
+    ) -> Result<(), ConsumerLost> {
+        let until = tokio::time::Instant::now() + linger;
+        while batch.len() < max {
+            // `timeout_at` polls the pull first: a buffered message is taken
+            // even when the time is up.
+            match tokio::time::timeout_at(until, self.pull()).await {
+                Ok(msg) => batch.push(msg?),
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
     /// The next message. A broker error is logged, and the pull starts again
     /// after a backoff (the consumer created again first if it is gone).
     ///
@@ -247,8 +272,14 @@ impl Deliveries {
     /// [`ConsumerLost`]: the consumer is gone and could not be created again
     /// for [`CONSUMER_LOST_GRACE`] while the broker was connected.
     pub async fn next(&mut self) -> Result<jetstream::Message, ConsumerLost> {
-        let mut waits = backoff::doubling(Duration::from_millis(100), Duration::from_secs(5));
         self.refresh_ack_floor().await;
+        self.pull().await
+    }
+
+    /// [`Deliveries::next`] without reading the ack floor again first (the
+    /// batch's first message did).
+    async fn pull(&mut self) -> Result<jetstream::Message, ConsumerLost> {
+        let mut waits = backoff::doubling(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             if let Err(e) = self.open().await {
                 let wait = next_wait(&mut waits);

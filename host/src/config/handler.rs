@@ -63,6 +63,18 @@ pub struct HandlerConfig {
     /// sum over handlers must leave one `[database] max_connections` spare.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// Most messages one transaction carries (ARCHITECTURE.md, "Batching"):
+    /// each runs in its own savepoint, and one COMMIT makes them all durable
+    /// before any is acked. Default 1 (a transaction per message); at most
+    /// 1000. `concurrency` transactions run at once, each with up to
+    /// `batch` messages.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+    /// How long a transaction waits for its batch to fill after its first
+    /// message; what is already fetched is always taken at once. Default
+    /// 5 ms; at most 10 s.
+    #[serde(default = "default_batch_linger", with = "humantime_serde")]
+    pub batch_linger: Duration,
     /// Most messages requested per pull. Default 16; lowered at start so a
     /// buffered message cannot wait past `ack_wait`, never below 2
     /// ([`HandlerConfig::effective_pull_batch`]).
@@ -163,6 +175,12 @@ fn default_max_log_kib() -> usize {
 fn default_concurrency() -> usize {
     1
 }
+fn default_batch() -> usize {
+    1
+}
+fn default_batch_linger() -> Duration {
+    Duration::from_millis(5)
+}
 fn default_pull_batch() -> usize {
     16
 }
@@ -253,11 +271,17 @@ impl HandlerConfig {
     /// async-nats 0.51 asks for the next batch when at most half a batch is
     /// pending, and with a batch of 1 a reply that overtakes its request's
     /// result leaves the stream waiting for a message that never comes.
+    ///
+    /// With `batch` above 1 a pull asks for at least one batch, so that a
+    /// batch can fill from one pull.
     pub fn effective_pull_batch(&self) -> usize {
         let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
         let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
         // Saturating float-to-int cast; `fits` is finite and non-negative.
-        (fits as usize).min(self.pull_batch).max(MIN_PULL_BATCH)
+        (fits as usize)
+            .min(self.pull_batch)
+            .max(MIN_PULL_BATCH)
+            .max(self.batch)
     }
 
     /// The effective statement timeout: `statement_timeout`, else `deadline`

@@ -385,6 +385,18 @@ impl Config {
                     h.name
                 ));
             }
+            if h.batch == 0 || h.batch > 1000 {
+                problems.push(format!(
+                    "handler `{}`: batch must be between 1 and 1000 (messages per transaction)",
+                    h.name
+                ));
+            }
+            if h.batch_linger > Duration::from_secs(10) {
+                problems.push(format!(
+                    "handler `{}`: batch_linger must be at most 10s (it delays every message of a batch that does not fill)",
+                    h.name
+                ));
+            }
             if h.concurrency == 0 || h.concurrency > 256 {
                 problems.push(format!(
                     "handler `{}`: concurrency must be between 1 and 256",
@@ -492,6 +504,36 @@ ack_wait = "10s"
         assert_eq!(h.effective_pull_batch(), 2);
         h.pull_batch = 1;
         assert_eq!(h.effective_pull_batch(), 2);
+        // With batching a pull asks for at least one batch.
+        h.batch = 64;
+        assert_eq!(h.effective_pull_batch(), 64);
+    }
+
+    #[test]
+    fn batch_defaults_to_one_and_is_bounded() {
+        let h = parse(OK).unwrap().handlers.remove(0);
+        assert_eq!((h.batch, h.batch_linger), (1, Duration::from_millis(5)));
+        let h = parse(&format!("{OK}batch = 64\nbatch_linger = \"20ms\"\n"))
+            .unwrap()
+            .handlers
+            .remove(0);
+        assert_eq!((h.batch, h.batch_linger), (64, Duration::from_millis(20)));
+        for (bad, err) in [
+            (
+                "batch = 0",
+                "handler `credit-projector`: batch must be between 1 and 1000 (messages per transaction)",
+            ),
+            (
+                "batch = 1001",
+                "handler `credit-projector`: batch must be between 1 and 1000 (messages per transaction)",
+            ),
+            (
+                "batch_linger = \"11s\"",
+                "handler `credit-projector`: batch_linger must be at most 10s (it delays every message of a batch that does not fill)",
+            ),
+        ] {
+            assert_eq!(parse(&format!("{OK}{bad}\n")).unwrap_err(), err, "{bad}");
+        }
     }
 
     #[test]

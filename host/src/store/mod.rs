@@ -36,6 +36,7 @@
 
 mod admin;
 pub mod advisory;
+mod batch;
 mod dead_letters;
 mod error;
 mod postgres;
@@ -101,8 +102,36 @@ pub struct Database(Backend<postgres::Pool, sqlite::Pool>);
 /// One open transaction: the receipt and every guest statement go through it.
 /// On PostgreSQL `BEGIN` (read committed); on SQLite `BEGIN IMMEDIATE` (holds
 /// the write lock). Dropping it without [`Tx::commit`] rolls it back.
-/// The flag: whether a guest statement's savepoint is open (`statement`).
-pub struct Tx(Backend<postgres::Tx, sqlite::Tx>, bool);
+/// The second field: which of the host's savepoints are open
+/// (`statement`, `batch`).
+pub struct Tx(Backend<postgres::Tx, sqlite::Tx>, Savepoints);
+
+/// The host's savepoints in a transaction: a guest statement's
+/// (`idem_stmt`, module `statement`) and, when the transaction carries a
+/// batch of messages, the current message's (`idem_msg`, module `batch`).
+/// Both are opened lazily, with the next statement's round trip.
+#[derive(Debug, Default, Clone, Copy)]
+struct Savepoints {
+    /// `idem_stmt` is open (the last guest statement's).
+    statement: bool,
+    /// Where the current message's savepoint is.
+    message: MessageSavepoint,
+    /// A message that succeeded left `idem_msg` open; the next round trip
+    /// that opens a savepoint (or COMMIT) releases it.
+    release_message: bool,
+}
+
+/// The current message's savepoint in a batch transaction.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum MessageSavepoint {
+    /// Not a batch message (or between messages).
+    #[default]
+    None,
+    /// A message started; `idem_msg` is opened with its first statement.
+    Pending,
+    /// `idem_msg` is open.
+    Open,
+}
 
 impl Database {
     /// [`Database::connect_with`] with a 5 s SQLite lock wait.

@@ -10,6 +10,18 @@ pub(super) const NEXT_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_stmt; SAVEPOINT 
 /// Undoes a failed statement; its savepoint stays open (the next statement
 /// or COMMIT releases it).
 pub(super) const UNDO: &str = "ROLLBACK TO SAVEPOINT idem_stmt";
+/// The first statement of a message in a batch transaction: opens the
+/// message's savepoint and the statement's.
+pub(super) const MESSAGE_SAVEPOINT: &str = "SAVEPOINT idem_msg; SAVEPOINT idem_stmt";
+/// [`MESSAGE_SAVEPOINT`] after a message that succeeded: releases its
+/// savepoint (and the statement savepoint nested in it) first.
+pub(super) const NEXT_MESSAGE_SAVEPOINT: &str =
+    "RELEASE SAVEPOINT idem_msg; SAVEPOINT idem_msg; SAVEPOINT idem_stmt";
+/// A statement outside any message after a message that succeeded.
+pub(super) const RELEASED_MESSAGE_SAVEPOINT: &str =
+    "RELEASE SAVEPOINT idem_msg; SAVEPOINT idem_stmt";
+/// Undoes everything a failed message did and closes its savepoint.
+pub(super) const UNDO_MESSAGE: &str = "ROLLBACK TO SAVEPOINT idem_msg; RELEASE SAVEPOINT idem_msg";
 
 /// Inserts a receipt: `$1` consumer, `$2` message id, `$3` stream sequence,
 /// `$4` module digest, `$5` published ms.

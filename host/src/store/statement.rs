@@ -17,7 +17,7 @@
 //! one that ended the transaction. On SQLite the autocommit flag is checked
 //! after every statement as well.
 
-use super::sql::{NEXT_SAVEPOINT, SAVEPOINT, UNDO};
+use super::sql::UNDO;
 use super::{DbError, DbErrorKind, Rows, SqlValue, StatementError, Tx, dispatch, one_line};
 use crate::sql_value::CheckedSql;
 
@@ -73,11 +73,12 @@ impl Tx {
     }
 
     /// Opens the statement's savepoint, releasing the previous statement's
-    /// first when one is open (module docs).
+    /// first when one is open (module docs), and in a batch the message's
+    /// savepoint with its first statement (module `batch`).
     async fn open_savepoint(&mut self) -> Result<(), StatementError> {
-        let sql = if self.1 { NEXT_SAVEPOINT } else { SAVEPOINT };
+        let sql = self.1.opening_sql();
         dispatch!(&mut self.0, t => t.run_host_sql(sql).await).map_err(|e| savepoint_failed(&e))?;
-        self.1 = true;
+        self.1.opened();
         Ok(())
     }
 

@@ -83,7 +83,10 @@ impl Tx {
     ///
     /// # Errors
     /// None today: a switch that fails (the role is gone, the connection is
-    /// lost) fails the statement it precedes, as a lost transaction.
+    /// lost) fails the statement it precedes, as a lost transaction; one
+    /// that fails before the SQL guard's catalog query makes the guard's
+    /// verdict an error and [`Tx::commit`] refuse (the transaction is
+    /// aborted).
     pub async fn enter_handler_role(&mut self, role: &str) -> Result<(), StoreError> {
         Ok(dispatch!(&mut self.0, t => t.enter_role(role).await)?)
     }
@@ -115,7 +118,10 @@ impl Tx {
     /// transaction, sorted.
     ///
     /// # Errors
-    /// `Other` when the catalogs cannot be read, or on SQLite.
+    /// `Other` when the catalogs cannot be read (or the pending role
+    /// switch fails), or on SQLite. On PostgreSQL such a failure aborts the
+    /// transaction, so [`Tx::commit`] then refuses: nothing of it may be
+    /// acked as committed.
     pub(crate) async fn row_functions(
         &mut self,
         names: &[String],
@@ -127,7 +133,10 @@ impl Tx {
     /// Commits. Only after this returns `Ok` is the effect durable.
     ///
     /// # Errors
-    /// `COMMIT` failed or its outcome is unknown (see [`StoreError::class`]).
+    /// `COMMIT` failed or its outcome is unknown (see [`StoreError::class`]);
+    /// on PostgreSQL also a transaction a failed host statement aborted
+    /// (rolled back instead: PostgreSQL would answer its COMMIT with
+    /// ROLLBACK, and no error).
     pub async fn commit(self) -> Result<(), StoreError> {
         Ok(dispatch!(self.0, t => t.commit().await)?)
     }

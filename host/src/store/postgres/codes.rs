@@ -31,6 +31,14 @@ pub(super) fn map_error(e: sqlx::Error) -> DbError {
     }
 }
 
+/// Whether `e` is a lost lock conflict: SQLSTATE 40P01 (deadlock_detected),
+/// 40001 (serialization_failure) or 55P03 (lock_not_available, a lock
+/// waited for past `lock_timeout`). The statement lost to another
+/// transaction; run again, it may well succeed.
+pub(super) fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03")))
+}
+
 /// The class of a database error with SQLSTATE `code` (see
 /// [`ErrorClass`]): class `08` (connection exception), class `53`
 /// (insufficient resources: `53300` too_many_connections, disk full, out

@@ -3,6 +3,7 @@
 //! dialect SQL they send. Host tables in `schema`, values in `values`,
 //! SQLSTATEs in `codes`, the handler roles in `role`.
 
+mod batch;
 pub(super) mod codes;
 mod role;
 mod schema;
@@ -56,6 +57,16 @@ pub struct Tx {
     /// The handler's role, entered before the next guest statement or SQL
     /// guard catalog query ([`Tx::enter_role`]).
     pending_role: Option<String>,
+    /// The handler's role was entered in this transaction.
+    role_entered: bool,
+    /// A guest statement failed on a lock conflict since the last
+    /// [`Tx::take_conflict`].
+    conflict: bool,
+    /// A host statement sent outside any savepoint failed (the role switch
+    /// or the guard's catalog query), which aborts the transaction: why.
+    /// PostgreSQL answers a later COMMIT with ROLLBACK and no error (and
+    /// sqlx does not read the answer), so [`Tx::commit`] refuses instead.
+    aborted: Option<String>,
 }
 
 /// The prune lock's session: it holds the session advisory lock
@@ -132,8 +143,11 @@ impl Pool {
                 tx: self.0.begin().await?,
                 largest_row: 0,
                 pending_role: None,
+                role_entered: false,
+                conflict: false,
+                aborted: None,
             }),
-            false,
+            super::Savepoints::default(),
         ))
     }
 
@@ -142,16 +156,33 @@ impl Pool {
     /// mean none); PostgreSQL cancels a statement that runs longer with
     /// SQLSTATE 57014 (query_canceled).
     pub(super) async fn begin_bounded(&self, timeout: Duration) -> Result<super::Tx, sqlx::Error> {
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
-        // A number printed by the host: no outside text.
-        let begin = AssertSqlSafe(format!("BEGIN; SET LOCAL statement_timeout = {ms}"));
+        self.begin_limited(timeout, None).await
+    }
+
+    /// [`Pool::begin_bounded`], and with `lock_wait` also `SET LOCAL
+    /// lock_timeout` in the same round trip: a statement that waits longer
+    /// for a lock fails with SQLSTATE 55P03 (lock_not_available).
+    pub(super) async fn begin_limited(
+        &self,
+        timeout: Duration,
+        lock_wait: Option<Duration>,
+    ) -> Result<super::Tx, sqlx::Error> {
+        let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128);
+        let mut begin = format!("BEGIN; SET LOCAL statement_timeout = {}", ms(timeout));
+        if let Some(wait) = lock_wait {
+            begin.push_str(&format!("; SET LOCAL lock_timeout = {}", ms(wait)));
+        }
         Ok(super::Tx(
             Backend::Postgres(Tx {
-                tx: self.0.begin_with(begin).await?,
+                // Numbers printed by the host: no outside text.
+                tx: self.0.begin_with(AssertSqlSafe(begin)).await?,
                 largest_row: 0,
                 pending_role: None,
+                role_entered: false,
+                conflict: false,
+                aborted: None,
             }),
-            false,
+            super::Savepoints::default(),
         ))
     }
 
@@ -421,10 +452,15 @@ impl Tx {
     /// refuses every later statement), so nothing runs as the host's user.
     async fn flush_role(&mut self) -> Result<(), sqlx::Error> {
         if let Some(role) = &self.pending_role {
-            sqlx::raw_sql(AssertSqlSafe(role::enter_sql(role)))
+            let entered = sqlx::raw_sql(AssertSqlSafe(role::enter_sql(role)))
                 .execute(&mut *self.tx)
-                .await?;
+                .await;
+            if let Err(e) = entered {
+                self.aborted = Some(format!("the switch to the handler's role failed: {e}"));
+                return Err(e);
+            }
             self.pending_role = None;
+            self.role_entered = true;
         }
         Ok(())
     }
@@ -439,6 +475,7 @@ impl Tx {
                     .execute(&mut *self.tx)
                     .await?;
                 self.pending_role = None;
+                self.role_entered = true;
             }
             None => {
                 sqlx::raw_sql(sql).execute(&mut *self.tx).await?;
@@ -460,11 +497,16 @@ impl Tx {
         params: &[crate::sql_value::SqlValue],
     ) -> Result<u64, DbError> {
         self.flush_role().await.map_err(map_error)?;
-        bind(sqlx::query(AssertSqlSafe(sql.shared_text())), params)
+        let done = bind(sqlx::query(AssertSqlSafe(sql.shared_text())), params)
             .execute(&mut *self.tx)
-            .await
-            .map(|done| done.rows_affected())
-            .map_err(map_error)
+            .await;
+        match done {
+            Ok(done) => Ok(done.rows_affected()),
+            Err(e) => {
+                self.note_conflict(&e);
+                Err(map_error(e))
+            }
+        }
     }
 
     /// Rows are counted as they arrive, each before it is decoded.
@@ -477,11 +519,15 @@ impl Tx {
         self.flush_role().await.map_err(map_error)?;
         let conn: &mut PgConnection = &mut self.tx;
         let largest_row = &mut self.largest_row;
+        let conflict = &mut self.conflict;
         let mut stream =
             bind(sqlx::query(AssertSqlSafe(sql.shared_text())), params).fetch(&mut *conn);
         let mut out = Rows::default();
         let mut used = 0;
-        while let Some(row) = stream.try_next().await.map_err(map_error)? {
+        while let Some(row) = stream.try_next().await.map_err(|e| {
+            *conflict |= codes::is_conflict(&e);
+            map_error(e)
+        })? {
             if out.rows.is_empty() {
                 out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
             }
@@ -522,8 +568,13 @@ impl Tx {
         names: &[String],
         tables: &[String],
     ) -> Result<Vec<String>, DbError> {
-        self.flush_role().await.map_err(map_error)?;
-        sqlx::query_scalar(
+        // Any failure here aborts the transaction (`aborted`), and is
+        // `Other` for the guard, which never keeps such a verdict.
+        self.flush_role().await.map_err(|e| DbError {
+            kind: DbErrorKind::Other,
+            message: one_line(&format!("cannot switch to the handler's role: {e}")),
+        })?;
+        let found = sqlx::query_scalar(
             "SELECT f FROM unnest($1::text[]) AS f
          WHERE EXISTS (
              SELECT 1 FROM pg_catalog.pg_proc p
@@ -538,10 +589,13 @@ impl Tx {
         .bind(names)
         .bind(tables)
         .fetch_all(&mut *self.tx)
-        .await
-        .map_err(|e| DbError {
-            kind: DbErrorKind::Other,
-            message: one_line(&format!("cannot read the catalogs: {e}")),
+        .await;
+        found.map_err(|e| {
+            self.aborted = Some(format!("the SQL guard's catalog query failed: {e}"));
+            DbError {
+                kind: DbErrorKind::Other,
+                message: one_line(&format!("cannot read the catalogs: {e}")),
+            }
         })
     }
 
@@ -573,7 +627,15 @@ impl Tx {
             .rows_affected())
     }
 
+    /// Refuses (and rolls back) a transaction a failed host statement
+    /// aborted (`aborted`): its COMMIT would roll back without an error.
     pub(super) async fn commit(self) -> Result<(), sqlx::Error> {
+        if let Some(why) = self.aborted {
+            let _ = self.tx.rollback().await;
+            return Err(sqlx::Error::InvalidArgument(one_line(&format!(
+                "rolled back, not committed: {why}"
+            ))));
+        }
         self.tx.commit().await
     }
 

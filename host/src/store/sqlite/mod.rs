@@ -3,6 +3,7 @@
 //! dialect SQL they send. Host tables in `schema`, values in `values`,
 //! result codes in `codes`; SQLite's C API only in `store::sqlite_raw`.
 
+mod batch;
 pub(super) mod codes;
 mod schema;
 mod values;
@@ -75,7 +76,7 @@ impl super::Tx {
     /// A transaction the caller began on a SQLite pool (tests and tools; the
     /// host begins its own with [`super::Database::begin`], `BEGIN IMMEDIATE`).
     pub fn from_sqlite(tx: Transaction<'static, Sqlite>) -> Self {
-        super::Tx(Backend::Sqlite(Tx(tx)), false)
+        super::Tx(Backend::Sqlite(Tx(tx)), super::Savepoints::default())
     }
 
     /// The SQLite transaction, for tests and tools that run SQL of their own
@@ -157,7 +158,7 @@ impl Pool {
     pub(super) async fn begin(&self) -> Result<super::Tx, sqlx::Error> {
         Ok(super::Tx(
             Backend::Sqlite(Tx(self.0.begin_with("BEGIN IMMEDIATE").await?)),
-            false,
+            super::Savepoints::default(),
         ))
     }
 
@@ -166,7 +167,17 @@ impl Pool {
     pub(super) async fn begin_bounded(&self, timeout: Duration) -> Result<super::Tx, sqlx::Error> {
         let mut tx = Tx(self.0.begin_with("BEGIN IMMEDIATE").await?);
         tx.bound_statements(timeout).await?;
-        Ok(super::Tx(Backend::Sqlite(tx), false))
+        Ok(super::Tx(Backend::Sqlite(tx), super::Savepoints::default()))
+    }
+
+    /// [`Pool::begin_bounded`]: one writer holds the lock on the whole
+    /// database, so there is no row lock to wait for.
+    pub(super) async fn begin_limited(
+        &self,
+        timeout: Duration,
+        _lock_wait: Option<Duration>,
+    ) -> Result<super::Tx, sqlx::Error> {
+        self.begin_bounded(timeout).await
     }
 
     pub(super) async fn close(&self) {

@@ -30,7 +30,7 @@ use crate::config::HandlerConfig;
 use crate::db_gate::{self, DbGate};
 use crate::fault;
 use crate::handler::{Applied, PreparedHandler, Rollback, StepFailed};
-use crate::metrics::HandlerStats;
+use crate::metrics::{CommitTimings, HandlerStats};
 use crate::runtime::{GuestMessage, HandlerFailure};
 use crate::store::{Database, DeadLetter, StoreError};
 use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
@@ -38,6 +38,8 @@ use async_nats::jetstream::Message;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
+
+mod batch;
 
 /// First wait before a held message runs again (doubling up to [`HOLD_MAX`],
 /// with jitter: [`backoff::doubling`]).
@@ -148,45 +150,28 @@ impl Pipeline {
     pub async fn process(&self, msg: &Message) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
         let _in_flight = self.handler.stats().in_flight();
-        let (stream_sequence, delivered, published_ns) = match msg.info() {
-            Ok(info) => (
-                info.stream_sequence,
-                u64::try_from(info.delivered).unwrap_or(1),
-                i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX),
-            ),
+        let d = match Delivery::of(msg) {
+            Ok(d) => d,
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
                 tracing::error!(handler = %self.handler.name(), error = %e, "message without JetStream metadata; ignored");
                 return Outcome::Unsettled(format!("no JetStream metadata: {e}"));
             }
         };
-        let headers: Vec<(String, String)> = msg
-            .headers
-            .iter()
-            .flat_map(|h| {
-                h.iter().flat_map(|(k, vs)| {
-                    vs.iter()
-                        .map(move |v| (k.to_string(), v.as_str().to_string()))
-                })
-            })
-            .collect();
-        let d = Delivery {
-            msg,
-            stream_sequence,
-            delivered,
-            published_ms: published_ns.div_euclid(1_000_000),
-            published_ns,
-            subject: msg.subject.to_string(),
-            headers,
-        };
-        let span = tracing::info_span!(
+        let span = self.delivery_span(&d);
+        self.hold_while_unavailable(&d).instrument(span).await
+    }
+
+    /// The `delivery` span of `d`: handler, stream sequence, delivery
+    /// count, and the message id once it is known.
+    fn delivery_span(&self, d: &Delivery<'_>) -> tracing::Span {
+        tracing::info_span!(
             "delivery",
             handler = %self.handler.name(),
-            stream_sequence,
-            delivery = delivered,
+            stream_sequence = d.stream_sequence,
+            delivery = d.delivered,
             message_id = tracing::field::Empty,
-        );
-        self.hold_while_unavailable(&d).instrument(span).await
+        )
     }
 
     /// Runs [`Pipeline::run_once`] until it settles the delivery, holding it
@@ -298,15 +283,7 @@ impl Pipeline {
             Ok(tx) => tx,
             Err(e) => return store_failed("BEGIN", e),
         };
-        let msg = GuestMessage {
-            message_id: message_id.to_owned(),
-            subject: d.subject.clone(),
-            headers: d.headers.clone(),
-            payload: d.msg.payload.to_vec(),
-            stream_sequence: d.stream_sequence,
-            delivery_count: d.delivered,
-            published_ms: d.published_ms,
-        };
+        let msg = d.guest_message(message_id);
         // No receipt, but beyond the memory horizon: the receipt that would
         // recognise this message may have been pruned, so it cannot be
         // proven new; quarantined before any guest code (ARCHITECTURE.md
@@ -319,12 +296,7 @@ impl Pipeline {
         };
         match self.handler.apply(tx, msg, admit).await {
             Ok(Applied::Committed(timings)) => {
-                // COMMIT minus publish time, both on the broker's clock
-                // (ARCHITECTURE.md invariant 7); a reading's error below 0 is 0.
-                let since_publish = self.clock.now_ms().saturating_sub(d.published_ms);
-                let since_publish =
-                    Duration::from_millis(u64::try_from(since_publish).unwrap_or(0));
-                self.handler.stats().committed(timings, since_publish);
+                self.note_commit(d, timings);
                 Ok(Attempt::Committed)
             }
             Ok(Applied::Duplicate(tx)) => {
@@ -350,6 +322,15 @@ impl Pipeline {
             // outcome runs again, where the receipt decides.
             Err(StepFailed { step, error }) => store_failed(step, error),
         }
+    }
+
+    /// Counts `d`'s COMMIT: its guest and COMMIT times, and the time from
+    /// publish to COMMIT, both on the broker's clock (ARCHITECTURE.md
+    /// invariant 7; a reading's error below 0 is 0).
+    fn note_commit(&self, d: &Delivery<'_>, timings: CommitTimings) {
+        let since_publish = self.clock.now_ms().saturating_sub(d.published_ms);
+        let since_publish = Duration::from_millis(u64::try_from(since_publish).unwrap_or(0));
+        self.handler.stats().committed(timings, since_publish);
     }
 
     /// Acts on `verdict` toward the broker (ack, nak, or a durable dead
@@ -510,6 +491,49 @@ struct Delivery<'a> {
     published_ns: i64,
     subject: String,
     headers: Vec<(String, String)>,
+}
+
+impl<'a> Delivery<'a> {
+    /// `msg` as the protocol reads it.
+    ///
+    /// # Errors
+    /// `msg` carries no JetStream metadata (no ack subject).
+    fn of(msg: &'a Message) -> Result<Self, async_nats::Error> {
+        let info = msg.info()?;
+        let published_ns = i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX);
+        let headers: Vec<(String, String)> = msg
+            .headers
+            .iter()
+            .flat_map(|h| {
+                h.iter().flat_map(|(k, vs)| {
+                    vs.iter()
+                        .map(move |v| (k.to_string(), v.as_str().to_string()))
+                })
+            })
+            .collect();
+        Ok(Delivery {
+            msg,
+            stream_sequence: info.stream_sequence,
+            delivered: u64::try_from(info.delivered).unwrap_or(1),
+            published_ms: published_ns.div_euclid(1_000_000),
+            published_ns,
+            subject: msg.subject.to_string(),
+            headers,
+        })
+    }
+
+    /// The message the guest sees, under `message_id`.
+    fn guest_message(&self, message_id: &str) -> GuestMessage {
+        GuestMessage {
+            message_id: message_id.to_owned(),
+            subject: self.subject.clone(),
+            headers: self.headers.clone(),
+            payload: self.msg.payload.to_vec(),
+            stream_sequence: self.stream_sequence,
+            delivery_count: self.delivered,
+            published_ms: self.published_ms,
+        }
+    }
 }
 
 /// The database could not be used at `step`; nothing was settled.

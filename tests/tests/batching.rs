@@ -1,0 +1,140 @@
+//! Batching (ARCHITECTURE.md, "Batching"): several deliveries in one
+//! transaction, each in its own savepoint, on PostgreSQL and SQLite,
+//! against a private nats-server. The other suites run again with
+//! `IDEM_TEST_BATCH` (scripts/test.sh).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem_tests::*;
+use serde_json::json;
+
+const SUBJECT: &str = "accounts.credit";
+
+fn behave(op: &str, event_id: &str, account: i64, amount: i64) -> String {
+    json!({"op": op, "event_id": event_id, "account_id": account, "amount": amount}).to_string()
+}
+
+/// One batch holds messages that apply, a copy of one of them, one that
+/// writes then rejects, one that asks to be retried, one that writes then
+/// traps at its deadline, and one without a message id. What applies
+/// commits together; each failure is rolled back alone (its writes and its
+/// receipt) and settled as it would be alone; the copy is a duplicate.
+async fn a_batch_commits_together_and_fails_alone(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra =
+        "retry_delay = \"200ms\"\ndeadline = \"1s\"\nbatch = 16\nbatch_linger = \"500ms\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    let loop_once =
+        json!({"op": "credit-then-loop-once", "event_id": "e5", "account_id": 4, "amount": 5});
+    let credit_then_reject = json!({"op": "credit-then", "event_id": "e3", "account_id": 1,
+        "amount": 1000, "then": {"op": "reject"}});
+    for payload in [
+        behave("credit", "e1", 1, 100),
+        behave("credit", "e2", 2, 10),
+        behave("credit", "e1", 1, 100),
+        credit_then_reject.to_string(),
+        behave("retry-once-then-credit", "e4", 3, 7),
+        loop_once.to_string(),
+        json!({"op": "credit", "account_id": 9, "amount": 1}).to_string(),
+        behave("credit", "e6", 1, 1),
+    ] {
+        publish(&js, SUBJECT, &payload, &[]).await;
+    }
+    let s = host
+        .wait_for("behave", "every message settled", |s| {
+            s.processed == 5 && s.dead_lettered == 2 && s.duplicates == 1
+        })
+        .await;
+    assert_eq!(
+        (s.delivered, s.retried, s.traps, s.db_pauses),
+        (10, 2, 1, 0),
+        "{s}"
+    );
+    // The first batch: e1, e2, e3, e4, e5, e6 (the copy of e1 and the
+    // message without an id ran alone after it).
+    assert!(s.batched >= 6, "{s}");
+    assert_eq!(db.balance(1).await, Some(101));
+    assert_eq!(db.balance(2).await, Some(10));
+    assert_eq!(db.balance(3).await, Some(7));
+    assert_eq!(db.balance(4).await, Some(5));
+    assert_eq!(db.balance(9).await, None);
+    let mut ids = db.receipt_ids("behave").await;
+    ids.sort();
+    assert_eq!(ids, ["e1", "e2", "e4", "e5", "e6"]);
+    let dl = db.dead_letters("behave").await;
+    assert_eq!(dl.len(), 2, "{dl:?}");
+    assert_eq!(dl[0].0.as_deref(), Some("e3"));
+    assert!(dl[0].1.starts_with("rejected: "), "{dl:?}");
+    assert_eq!(dl[1].0, None);
+    host.stop().await;
+}
+on_both_databases!(
+    a_batch_commits_together_and_fails_alone,
+    a_batch_commits_together_and_fails_alone
+);
+
+/// Copies of the same messages in batches that run at once (four
+/// transactions of up to eight messages, on three accounts in every order):
+/// the receipts arbitrate every copy, so each message applies once. On
+/// PostgreSQL two batches that lock the same accounts in opposite orders
+/// deadlock; the loser's message runs again alone, spending no delivery
+/// (nothing is retried).
+async fn copies_across_concurrent_batches_apply_once(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("credit-projector", "credit");
+    h.extra =
+        "retry_delay = \"200ms\"\nconcurrency = 3\nbatch = 8\nbatch_linger = \"20ms\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let js = nats.jetstream().await;
+    let host = RunningHost::start(&cfg).await;
+    let messages = 30;
+    let mut want = [0i64; 3];
+    for i in 0..messages {
+        want[i % 3] += i as i64 + 1;
+    }
+    for round in 0..2 {
+        for i in 0..messages {
+            let id = format!("e{i}");
+            publish(
+                &js,
+                SUBJECT,
+                &credit(&id, (i % 3) as i64, i as i64 + 1),
+                &[],
+            )
+            .await;
+        }
+        if round == 0 {
+            // Let some batches start before the copies arrive.
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    let s = host
+        .wait_for("credit-projector", "every copy settled", |s| {
+            s.processed + s.duplicates == 2 * messages as u64
+        })
+        .await;
+    assert_eq!(
+        (s.processed, s.duplicates, s.retried, s.dead_lettered),
+        (messages as u64, messages as u64, 0, 0),
+        "{s}"
+    );
+    for (account, want) in want.iter().enumerate() {
+        assert_eq!(
+            db.balance(account as i64).await,
+            Some(*want),
+            "account {account}"
+        );
+    }
+    assert_eq!(db.receipts("credit-projector").await, messages as i64);
+    host.stop().await;
+}
+on_both_databases!(
+    copies_across_concurrent_batches_apply_once,
+    copies_across_concurrent_batches_apply_once
+);
