@@ -279,6 +279,18 @@ pub enum BatchItem {
     /// or serialization failure): taken back like a failure, but it says
     /// nothing about the message, which is to run again.
     Conflict,
+    /// Not run: the transaction had run for its time budget (a quarter of
+    /// `deadline`, [`batch_budget`]) before this message's turn. Its
+    /// receipt was taken back; it is to run in another transaction.
+    Deferred,
+}
+
+/// How long a batch's transaction keeps taking messages: a quarter of the
+/// handler's `deadline`. It holds its rows' locks until COMMIT, so this
+/// (plus one message) is about how long another transaction may wait for
+/// them; the first message always runs.
+pub fn batch_budget(deadline: Duration) -> Duration {
+    deadline / 4
 }
 
 /// A committed batch: one [`BatchItem`] per message, in the order given,
@@ -338,9 +350,16 @@ impl PreparedHandler {
         }
         let mut items = Vec::with_capacity(msgs.len());
         let mut taken_back: Vec<String> = Vec::new();
+        let batch_started = Instant::now();
+        let budget = batch_budget(self.limits.deadline);
         for (msg, new) in msgs.into_iter().zip(new) {
             if !new {
                 items.push(BatchItem::Duplicate);
+                continue;
+            }
+            if !items.is_empty() && batch_started.elapsed() >= budget {
+                taken_back.push(msg.message_id.clone());
+                items.push(BatchItem::Deferred);
                 continue;
             }
             if let Some(reason) = admit(&msg) {
@@ -356,26 +375,7 @@ impl PreparedHandler {
             let (result, mut back) = self.call_guest(&component, tx, msg).await;
             let conflict = back.take_conflict();
             let applied = result.is_ok() && !conflict;
-            let bound = self.statement_timeout + Duration::from_secs(5);
-            match tokio::time::timeout(bound, back.end_message(applied)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    return Err(rolled_back(back, "ROLLBACK TO SAVEPOINT", error).await);
-                }
-                Err(_) => {
-                    tracing::error!(
-                        "rollback to the message's savepoint did not finish within {bound:?}; the batch's transaction is abandoned, nothing of it committed"
-                    );
-                    return Err(StepFailed {
-                        step: "ROLLBACK TO SAVEPOINT",
-                        error: StoreError::Sqlx(sqlx::Error::Io(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no answer within {bound:?}"),
-                        ))),
-                    });
-                }
-            }
-            tx = back;
+            tx = self.end_message(back, applied).await?;
             items.push(match result {
                 _ if conflict => BatchItem::Conflict,
                 Ok(()) => BatchItem::Applied(started.elapsed()),
@@ -399,6 +399,45 @@ impl PreparedHandler {
                 step: "COMMIT",
                 error,
             }),
+        }
+    }
+
+    /// Ends the current message of a batch in `tx` ([`Tx::end_message`]),
+    /// bounded by the statement timeout + 5 s. A rollback to the message's
+    /// savepoint is tried twice: on PostgreSQL the first answer can be the
+    /// error of a statement the runtime abandoned at the guest's deadline
+    /// (cancelled by the statement timeout), not the rollback's own.
+    ///
+    /// # Errors
+    /// The savepoint could not be rolled back or the bound passed: the
+    /// transaction is rolled back whole ([`StepFailed`]).
+    async fn end_message(&self, mut tx: Tx, applied: bool) -> Result<Tx, StepFailed> {
+        let bound = self.statement_timeout + Duration::from_secs(5);
+        let mut tries = if applied { 1 } else { 2 };
+        loop {
+            tries -= 1;
+            match tokio::time::timeout(bound, tx.end_message(applied)).await {
+                Ok(Ok(())) => return Ok(tx),
+                Ok(Err(error)) if tries == 0 => {
+                    return Err(rolled_back(tx, "ROLLBACK TO SAVEPOINT", error).await);
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "rollback to the message's savepoint failed; trying once more");
+                    tx.reopen_message();
+                }
+                Err(_) => {
+                    tracing::error!(
+                        "rollback to the message's savepoint did not finish within {bound:?}; the batch's transaction is abandoned, nothing of it committed"
+                    );
+                    return Err(StepFailed {
+                        step: "ROLLBACK TO SAVEPOINT",
+                        error: StoreError::Sqlx(sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {bound:?}"),
+                        ))),
+                    });
+                }
+            }
         }
     }
 

@@ -138,3 +138,116 @@ on_both_databases!(
     copies_across_concurrent_batches_apply_once,
     copies_across_concurrent_batches_apply_once
 );
+
+/// A statement that takes a while but stays well within the deadline (a
+/// recursive CTE the guard allows).
+fn slow_sql(rows: u64) -> String {
+    format!(
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < {rows}) SELECT count(*) FROM r"
+    )
+}
+
+/// A batch of slow messages holds the row lock of its first message until
+/// its COMMIT; a transaction stops taking messages after a quarter of the
+/// deadline, so a message that meanwhile runs alone on the same row (`v`),
+/// or a copy of that first message (`x`, waiting on its receipt), waits
+/// for less than its deadline and spends no delivery (`max_deliver = 1`:
+/// any spent delivery would be a dead letter).
+async fn a_long_batch_does_not_fail_messages_that_wait_for_it(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "retry_delay = \"200ms\"\ndeadline = \"2s\"\nmax_deliver = 1\nconcurrency = 2\nbatch = 32\nbatch_linger = \"300ms\"\npull_batch = 64\nack_wait = \"60s\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    let x = json!({"op": "credit", "event_id": "x", "account_id": 1, "amount": 100}).to_string();
+    publish(&js, SUBJECT, &x, &[]).await;
+    let mates = 15;
+    for i in 0..mates {
+        let p = json!({"op": "credit-then", "event_id": format!("s{i:02}"),
+            "account_id": 100 + i, "amount": 1,
+            "then": {"op": "sql", "sql": slow_sql(400_000)}});
+        publish(&js, SUBJECT, &p.to_string(), &[]).await;
+    }
+    // The batch has started (its linger is over) and applied `x` first.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    publish(&js, SUBJECT, &behave("credit", "v", 1, 5), &[]).await;
+    publish(&js, SUBJECT, &x, &[]).await;
+    let s = host
+        .wait_for_within(
+            "behave",
+            "every message settled",
+            std::time::Duration::from_secs(90),
+            |s| s.processed + s.duplicates + s.dead_lettered == mates as u64 + 3,
+        )
+        .await;
+    let dl = db.dead_letters("behave").await;
+    assert!(
+        dl.is_empty(),
+        "deliveries spent waiting for a batch: {dl:?}"
+    );
+    assert_eq!(
+        (s.processed, s.duplicates, s.retried),
+        (mates as u64 + 2, 1, 0),
+        "{s}"
+    );
+    assert_eq!(db.balance(1).await, Some(105));
+    host.stop().await;
+}
+on_both_databases!(
+    a_long_batch_does_not_fail_messages_that_wait_for_it,
+    a_long_batch_does_not_fail_messages_that_wait_for_it
+);
+
+/// A message that traps at its deadline in the middle of a statement costs
+/// only itself: the statement is cancelled by the statement timeout, the
+/// message rolled back to its savepoint (on PostgreSQL the first answer is
+/// the cancelled statement's, so the rollback is tried again), and its
+/// batch-mates commit in the batch.
+async fn a_trap_mid_statement_costs_only_its_message(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "retry_delay = \"200ms\"\ndeadline = \"1s\"\nmax_deliver = 1\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    // The trapping message last: a transaction takes no message after a
+    // quarter of the deadline.
+    for p in [
+        behave("credit", "a", 1, 1),
+        behave("credit", "b", 3, 1),
+        json!({"op": "credit-then", "event_id": "t", "account_id": 2, "amount": 1,
+            "then": {"op": "sql", "sql": slow_sql(2_000_000_000)}})
+        .to_string(),
+    ] {
+        publish(&js, SUBJECT, &p, &[]).await;
+    }
+    let s = host
+        .wait_for_within(
+            "behave",
+            "settled",
+            std::time::Duration::from_secs(30),
+            |s| s.processed + s.dead_lettered == 3,
+        )
+        .await;
+    assert_eq!(
+        (s.processed, s.dead_lettered, s.traps, s.batched),
+        (2, 1, 1, 3),
+        "{s}"
+    );
+    assert_eq!(db.balance(1).await, Some(1));
+    assert_eq!(db.balance(2).await, None);
+    assert_eq!(db.balance(3).await, Some(1));
+    let mut ids = db.receipt_ids("behave").await;
+    ids.sort();
+    assert_eq!(ids, ["a", "b"]);
+    host.stop().await;
+}
+on_both_databases!(
+    a_trap_mid_statement_costs_only_its_message,
+    a_trap_mid_statement_costs_only_its_message
+);

@@ -29,7 +29,8 @@
 //! - **idem**: the credit component in Rust, C, JavaScript (QuickJS) and
 //!   Python.
 //! - **batch 64** (native, Rust, and Rust with 50 % duplicates): the same
-//!   hosts with `batch = 64`;
+//!   hosts with `batch = 64` (and `pull_batch = 64`, `ack_wait = "300s"`,
+//!   `deadline = "2s"`, so that a pull brings a whole batch);
 //!   below the table, the batched Rust rate over the unbatched one and over
 //!   B with plain acks.
 //! - **50 % duplicates** (Rust): the second half of the N messages repeats

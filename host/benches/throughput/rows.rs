@@ -332,13 +332,23 @@ pub(super) async fn start_host(spec: &Spec, module: &std::path::Path, url: &str)
     std::fs::write(
         &cfg,
         format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n",
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n{}",
             spec.nats,
             c + 2,
             spec.cache.display(),
             module.display(),
             root().join("examples/credit/migrations").display(),
-            spec.batch.max(1)
+            spec.batch.max(1),
+            // A batch fills from the pulls: ask for a whole batch, which
+            // the ack_wait bound allows with a long ack_wait.
+            if spec.batch > 1 {
+                format!(
+                    "pull_batch = {}\nack_wait = \"300s\"\ndeadline = \"2s\"\n",
+                    spec.batch
+                )
+            } else {
+                String::new()
+            }
         ),
     )?;
     let config = Config::load(&cfg)?;

@@ -272,16 +272,14 @@ impl HandlerConfig {
     /// pending, and with a batch of 1 a reply that overtakes its request's
     /// result leaves the stream waiting for a message that never comes.
     ///
-    /// With `batch` above 1 a pull asks for at least one batch, so that a
-    /// batch can fill from one pull.
+    /// `batch` does not raise it: a batch fills from what the pulls bring
+    /// within `batch_linger`, and a message still waits in the buffer at
+    /// the rate the handler drains it.
     pub fn effective_pull_batch(&self) -> usize {
         let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
         let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
         // Saturating float-to-int cast; `fits` is finite and non-negative.
-        (fits as usize)
-            .min(self.pull_batch)
-            .max(MIN_PULL_BATCH)
-            .max(self.batch)
+        (fits as usize).min(self.pull_batch).max(MIN_PULL_BATCH)
     }
 
     /// The effective statement timeout: `statement_timeout`, else `deadline`

@@ -12,6 +12,7 @@
 //!                the failed ones settled one by one as alone
 //!                (nak, or durable dead letter then term)
 //!   a lock conflict ─► that message runs again alone (no delivery spent)
+//!   not run (the transaction's time budget ran out) ─► the next transaction
 //!   not committed (outage, failed COMMIT, lost savepoint) ─► nothing
 //!                settled; every message runs again alone, which holds
 //!                through an outage and lets the receipts decide after an
@@ -62,38 +63,71 @@ impl Pipeline {
             }
             return;
         }
-        // Every delivery of the batch stays ours until it is settled, also
-        // while one runs again alone after the batch.
-        let _in_progress: Vec<broker::InProgress> = batch
+        // Every delivery of the batch stays ours until it is settled (its
+        // keep-alive ends then, so a nak's delay holds), also while it
+        // waits to run again alone after the batch.
+        let mut keep: Vec<Option<broker::InProgress>> = batch
             .iter()
-            .map(|(d, _)| broker::InProgress::start(d.msg.clone(), self.config.ack_wait))
+            .map(|(d, _)| {
+                Some(broker::InProgress::start(
+                    d.msg.clone(),
+                    self.config.ack_wait,
+                ))
+            })
             .collect();
-        let span = tracing::info_span!("batch", handler = %self.handler.name(), size = batch.len());
-        let again = self.run_batch(&batch).instrument(span).await;
-        for msg in again.into_iter().chain(alone) {
+        let mut again = Vec::new();
+        let mut pending: Vec<usize> = (0..batch.len()).collect();
+        // Messages a transaction deferred (its time budget ran out) go on
+        // in the next one.
+        while pending.len() >= 2 {
+            let span =
+                tracing::info_span!("batch", handler = %self.handler.name(), size = pending.len());
+            let (alone_again, deferred) = self
+                .run_batch(&batch, &pending, &mut keep)
+                .instrument(span)
+                .await;
+            again.extend(alone_again);
+            pending = deferred;
+        }
+        again.extend(pending);
+        for i in again {
+            keep[i] = None;
+            self.process(batch[i].0.msg).await;
+        }
+        for msg in alone {
             self.process(msg).await;
         }
     }
 
-    /// The batch's transaction, then its settlement. Returns the deliveries
-    /// to run again alone: all of them when the transaction did not commit.
-    async fn run_batch<'a>(&self, batch: &[(Delivery<'a>, String)]) -> Vec<&'a Message> {
-        let _in_flight: Vec<_> = batch
+    /// One transaction over the members `pending` of `batch`, then their
+    /// settlement; the keep-alive of each member settled is dropped from
+    /// `keep`. Returns the members to run again alone (all of them when
+    /// the transaction did not commit) and those it deferred to the next
+    /// transaction.
+    async fn run_batch(
+        &self,
+        batch: &[(Delivery<'_>, String)],
+        pending: &[usize],
+        keep: &mut [Option<broker::InProgress>],
+    ) -> (Vec<usize>, Vec<usize>) {
+        let _in_flight: Vec<_> = pending
             .iter()
             .map(|_| self.handler.stats().in_flight())
             .collect();
-        let applied = match self.batch_transaction(batch).await {
+        let applied = match self.batch_transaction(batch, pending).await {
             Ok(applied) => applied,
             Err(StepFailed { step, error }) => {
                 tracing::warn!(%step, %error, "the batch did not commit; each of its messages runs again on its own");
-                return batch.iter().map(|(d, _)| d.msg).collect();
+                return (pending.to_vec(), Vec::new());
             }
         };
         let BatchApplied { items, commit } = applied;
         let mut again = Vec::new();
+        let mut deferred = Vec::new();
         let mut acks = Vec::new();
         let mut failed = Vec::new();
-        for ((d, id), item) in batch.iter().zip(items) {
+        for (&i, item) in pending.iter().zip(items) {
+            let (d, id) = &batch[i];
             let attempt = match item {
                 BatchItem::Applied(handler) => {
                     self.note_commit(d, CommitTimings { handler, commit });
@@ -104,7 +138,11 @@ impl Pipeline {
                 BatchItem::GuestFailed(failure) => Attempt::GuestFailed(failure),
                 BatchItem::Conflict => {
                     tracing::debug!(message_id = %id, "lost a lock conflict in the batch; runs again on its own");
-                    again.push(d.msg);
+                    again.push(i);
+                    continue;
+                }
+                BatchItem::Deferred => {
+                    deferred.push(i);
                     continue;
                 }
             };
@@ -113,22 +151,23 @@ impl Pipeline {
                 max_deliver: self.config.max_deliver,
             };
             let verdict = verdict::decide(&attempt, count, self.config.nak_delay(d.delivered));
-            let settled = (d, id, attempt, verdict);
-            if matches!(settled.3, Verdict::Processed | Verdict::Duplicate) {
-                acks.push(settled);
+            if matches!(verdict, Verdict::Processed | Verdict::Duplicate) {
+                acks.push((i, attempt, verdict));
             } else {
-                failed.push(settled);
+                failed.push((i, attempt, verdict));
             }
         }
         // Every ack after the one COMMIT, sent together.
-        let acked = futures::future::join_all(acks.iter().map(|(d, id, attempt, verdict)| {
+        let acked = futures::future::join_all(acks.iter().map(|(i, attempt, verdict)| {
+            let (d, id) = &batch[*i];
             let span = self.delivery_span(d);
             span.record("message_id", id.as_str());
             self.settle(d, Some(id), attempt, verdict.clone())
                 .instrument(span)
         }))
         .await;
-        for ((_, _, attempt, _), outcome) in acks.iter().zip(acked) {
+        for ((i, attempt, _), outcome) in acks.iter().zip(acked) {
+            keep[*i] = None;
             HandlerStats::incr(&self.handler.stats().delivered);
             HandlerStats::incr(&self.handler.stats().batched);
             if let Ok(outcome) = outcome {
@@ -136,7 +175,8 @@ impl Pipeline {
             }
         }
         // The failed ones one at a time: a dead letter is a write of its own.
-        for (d, id, attempt, verdict) in failed {
+        for (i, attempt, verdict) in failed {
+            let (d, id) = &batch[i];
             let span = self.delivery_span(d);
             span.record("message_id", id.as_str());
             match self
@@ -145,6 +185,7 @@ impl Pipeline {
                 .await
             {
                 Ok(outcome) => {
+                    keep[i] = None;
                     HandlerStats::incr(&self.handler.stats().delivered);
                     HandlerStats::incr(&self.handler.stats().batched);
                     self.count(&attempt, &outcome);
@@ -152,10 +193,10 @@ impl Pipeline {
                 // The dead letter could not be written (database
                 // unavailable): its receipt was taken back, so it runs
                 // again alone, held until the database answers.
-                Err(_) => again.push(d.msg),
+                Err(_) => again.push(i),
             }
         }
-        again
+        (again, deferred)
     }
 
     /// BEGIN, then the handler's batch step with the horizon as its
@@ -163,6 +204,7 @@ impl Pipeline {
     async fn batch_transaction(
         &self,
         batch: &[(Delivery<'_>, String)],
+        pending: &[usize],
     ) -> Result<BatchApplied, StepFailed> {
         let tx = self
             .handler
@@ -172,7 +214,10 @@ impl Pipeline {
                 step: "BEGIN",
                 error,
             })?;
-        let msgs = batch.iter().map(|(d, id)| d.guest_message(id)).collect();
+        let msgs = pending
+            .iter()
+            .map(|&i| batch[i].0.guest_message(&batch[i].1))
+            .collect();
         // As for one message: judged after the receipt insert
         // (ARCHITECTURE.md invariant 7).
         let admit = |m: &GuestMessage| {

@@ -471,6 +471,16 @@ fn store_failed(step: &'static str, error: StoreError) -> Result<Attempt, Unavai
     if let Some(hold) = Unavailable::of(step, &error) {
         return Err(hold);
     }
+    if step == "receipt insert" && error.is_lock_wait() {
+        // The receipt insert waits only on another transaction holding a
+        // copy of this message's receipt (a batch holds it until its
+        // COMMIT): contention, not the message's fault. Held, like busy.
+        return Err(Unavailable {
+            step,
+            error: error.to_string(),
+            busy: true,
+        });
+    }
     tracing::error!(%step, %error, "database step failed; rolled back");
     Ok(Attempt::StoreFailed {
         step,

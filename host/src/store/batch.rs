@@ -156,6 +156,13 @@ impl Tx {
         Ok(dispatch!(&mut self.0, t => t.run_host_sql(UNDO_MESSAGE).await)?)
     }
 
+    /// After [`Tx::end_message`] failed to roll a message back: the
+    /// message's savepoint counts as open again, so that the rollback can
+    /// be tried once more.
+    pub fn reopen_message(&mut self) {
+        self.1.message = MessageSavepoint::Open;
+    }
+
     /// Whether a statement since the last call failed on a lock conflict
     /// (PostgreSQL deadlock 40P01, serialization failure 40001, or a lock
     /// waited for past [`BATCH_LOCK_WAIT`], 55P03): the

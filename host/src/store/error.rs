@@ -48,6 +48,20 @@ impl StoreError {
         let StoreError::Sqlx(e) = self;
         driver_class(e)
     }
+
+    /// Whether a statement gave up on another transaction rather than
+    /// failing on its own: PostgreSQL 57014 (query_canceled: the statement
+    /// timeout ran out, for a statement that only waits on locks), 55P03
+    /// (lock_not_available), 40P01 (deadlock_detected), 40001
+    /// (serialization_failure). Never on SQLite (its waits are
+    /// [`ErrorClass::Busy`]).
+    pub fn is_lock_wait(&self) -> bool {
+        let StoreError::Sqlx(e) = self;
+        super::postgres::codes::is_conflict(e)
+            || matches!(e, sqlx::Error::Database(db)
+                if db.code().as_deref() == Some("57014")
+                    && !super::sqlite::codes::is_sqlite(db.as_ref()))
+    }
 }
 
 /// [`StoreError::class`] for a driver error: driver-level failures here,

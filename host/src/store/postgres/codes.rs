@@ -35,7 +35,7 @@ pub(super) fn map_error(e: sqlx::Error) -> DbError {
 /// 40001 (serialization_failure) or 55P03 (lock_not_available, a lock
 /// waited for past `lock_timeout`). The statement lost to another
 /// transaction; run again, it may well succeed.
-pub(super) fn is_conflict(e: &sqlx::Error) -> bool {
+pub(in crate::store) fn is_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03")))
 }
 
