@@ -49,6 +49,7 @@ mod statement;
 mod transaction;
 
 pub use admin::{ReceiptRow, ReceiptSummary};
+pub use batch::BATCH_LOCK_WAIT;
 pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
 pub use receipts::{Receipt, ReceiptGauges};
