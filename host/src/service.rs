@@ -506,10 +506,12 @@ async fn consume(
             }
         }
         let p = pipeline.clone();
-        in_flight.spawn(msgs.clone(), async move {
+        let unsettled = shutdown::Unsettled::new(msgs.clone());
+        let settling = unsettled.clone();
+        in_flight.spawn(unsettled, async move {
             match msgs.as_slice() {
                 [msg] => drop(p.process(msg).await),
-                msgs => p.process_batch(msgs).await,
+                msgs => p.process_batch(msgs, &settling).await,
             }
             drop(slot);
         });

@@ -7,24 +7,53 @@ use crate::broker::{self, Deliveries, Settlement};
 use async_nats::jetstream::Message;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::task::{Id, JoinError, JoinSet};
 
 /// The deliveries one handler is running, each (or each batch) in its own
-/// task, with a copy of its messages so that an abandoned one can be given
-/// back to the broker.
+/// task, with copies of its messages not yet settled so that an abandoned
+/// one can be given back to the broker.
 #[derive(Default)]
 pub struct InFlight {
     tasks: JoinSet<()>,
-    messages: HashMap<Id, Vec<Message>>,
+    messages: HashMap<Id, Unsettled>,
+}
+
+/// The deliveries of one task not yet settled (acked, naked or termed),
+/// shared with the task, which crosses each off once it has settled it: an
+/// abandoned task gives back only these (a batch's task may have settled
+/// some of its messages already, and a second, immediate nak would undo a
+/// nak's delay).
+#[derive(Clone, Default)]
+pub struct Unsettled(Arc<Mutex<Vec<Message>>>);
+
+impl Unsettled {
+    /// `msgs` (cheap copies of deliveries), none settled yet.
+    pub fn new(msgs: Vec<Message>) -> Self {
+        Self(Arc::new(Mutex::new(msgs)))
+    }
+
+    /// `msg` was settled: it is not to be given back.
+    pub fn settled(&self, msg: &Message) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|m| m.reply != msg.reply);
+    }
+
+    /// The deliveries still unsettled, taken out.
+    fn take(&self) -> Vec<Message> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl InFlight {
-    /// Runs `work` (the protocol for the deliveries `msgs`, cheap copies of
-    /// them: one, or a batch) in a task of its own.
-    pub fn spawn(&mut self, msgs: Vec<Message>, work: impl Future<Output = ()> + Send + 'static) {
+    /// Runs `work` (the protocol for the deliveries in `unsettled`: one, or
+    /// a batch) in a task of its own.
+    pub fn spawn(&mut self, unsettled: Unsettled, work: impl Future<Output = ()> + Send + 'static) {
         let task = self.tasks.spawn(work);
-        self.messages.insert(task.id(), msgs);
+        self.messages.insert(task.id(), unsettled);
     }
 
     /// Forgets the deliveries that have finished, without waiting; a task
@@ -105,8 +134,13 @@ pub async fn wind_down(
     while let Some(done) = in_flight.tasks.join_next_with_id().await {
         in_flight.finished(handler, done);
     }
-    let abandoned = in_flight.messages.values().map(Vec::len).sum::<usize>();
-    for msg in in_flight.messages.values().flatten() {
+    let unsettled: Vec<Message> = in_flight
+        .messages
+        .values()
+        .flat_map(Unsettled::take)
+        .collect();
+    let abandoned = unsettled.len();
+    for msg in &unsettled {
         give_back(handler, msg).await;
     }
     if abandoned > 0 {

@@ -251,3 +251,121 @@ on_both_databases!(
     a_trap_mid_statement_costs_only_its_message,
     a_trap_mid_statement_costs_only_its_message
 );
+
+/// Holds the row of account `account` locked (PostgreSQL): a connection
+/// with an open transaction that updated it; `ROLLBACK` on it releases it.
+async fn lock_row(db: &TestDb, account: i64) -> sqlx::PgConnection {
+    use sqlx::Connection as _;
+    db.execute(&format!(
+        "INSERT INTO accounts (account_id, balance) VALUES ({account}, 0)"
+    ))
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; UPDATE accounts SET balance = balance WHERE account_id = {account}"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn
+}
+
+/// Releases [`lock_row`]'s lock.
+async fn unlock(mut conn: sqlx::PgConnection) {
+    sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
+}
+
+/// The batch [r, c, k]: `r` asks to be retried on its first delivery (and
+/// credits account 3 on a later one), `c` credits account 1, and `k`
+/// credits account 7, whose row the test holds locked, so `k` loses the
+/// batch's lock wait and then waits alone after the batch's COMMIT.
+async fn publish_batch_with_a_blocked_tail(js: &async_nats::jetstream::Context) {
+    for p in [
+        behave("retry-once-then-credit", "r", 3, 7),
+        behave("credit", "c", 1, 100),
+        behave("credit", "k", 7, 1),
+    ] {
+        publish(js, SUBJECT, &p, &[]).await;
+    }
+}
+
+/// A member of a batch that was naked keeps its nak's delay while its
+/// batch-mates still run: its in-progress keep-alive ended when it was
+/// settled (ack_wait 3 s, a keep-alive every second, retry_delay 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naked_member_comes_back_after_its_delay_postgres() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra = "retry_delay = \"2s\"\ndeadline = \"20s\"\nack_wait = \"3s\"\nconcurrency = 2\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let host = RunningHost::start(&cfg).await;
+    let lock = lock_row(&db, 7).await;
+    let js = nats.jetstream().await;
+    publish_batch_with_a_blocked_tail(&js).await;
+    host.wait_for("behave", "r naked, c applied", |s| {
+        s.retried == 1 && s.processed == 1
+    })
+    .await;
+    let naked = std::time::Instant::now();
+    let s = host
+        .wait_for_within(
+            "behave",
+            "r applied",
+            std::time::Duration::from_secs(6),
+            |s| s.processed == 2,
+        )
+        .await;
+    // `k` still waits for the lock: `r` came back on its own delay.
+    assert_eq!((s.processed, s.retried), (2, 1), "{s}");
+    assert!(naked.elapsed() < std::time::Duration::from_secs(6));
+    assert_eq!(db.balance(3).await, Some(7));
+    unlock(lock).await;
+    let s = host
+        .wait_for("behave", "k applied", |s| s.processed == 3)
+        .await;
+    assert_eq!((s.processed, s.retried, s.dead_lettered), (3, 1, 0), "{s}");
+    assert_eq!(db.balance(7).await, Some(1));
+    host.stop().await;
+}
+
+/// A stop whose grace ends while a batch's task still runs gives back only
+/// the members not yet settled: `r`, naked with a 60 s delay, is not
+/// delivered again at once to the next host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_gives_back_only_unsettled_members_postgres() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new("behave", "behave");
+    h.extra =
+        "retry_delay = \"60s\"\ndeadline = \"20s\"\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("[service]\nshutdown_grace = \"1s\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let host = RunningHost::start(&cfg).await;
+    let lock = lock_row(&db, 7).await;
+    let js = nats.jetstream().await;
+    publish_batch_with_a_blocked_tail(&js).await;
+    host.wait_for("behave", "r naked, c applied", |s| {
+        s.retried == 1 && s.processed == 1
+    })
+    .await;
+    host.stop().await;
+    unlock(lock).await;
+    // The next host gets `k` (given back) at once, and `r` only after its
+    // 60 s delay.
+    let host = RunningHost::start(&cfg).await;
+    let s = host
+        .wait_for("behave", "k applied", |s| s.processed == 1)
+        .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let s2 = host.stats("behave");
+    assert_eq!((s.processed, s2.processed, s2.delivered), (1, 1, 1), "{s2}");
+    assert_eq!(db.balance(3).await, None);
+    assert_eq!(db.balance(1).await, Some(100));
+    assert_eq!(db.balance(7).await, Some(1));
+    host.stop().await;
+}

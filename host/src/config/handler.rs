@@ -72,7 +72,7 @@ pub struct HandlerConfig {
     pub batch: usize,
     /// How long a transaction waits for its batch to fill after its first
     /// message; what is already fetched is always taken at once. Default
-    /// 5 ms; at most 10 s.
+    /// 5 ms; less than half of `ack_wait`, and at most 10 s.
     #[serde(default = "default_batch_linger", with = "humantime_serde")]
     pub batch_linger: Duration,
     /// Most messages requested per pull. Default 16; lowered at start so a

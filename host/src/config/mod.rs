@@ -391,6 +391,12 @@ impl Config {
                     h.name
                 ));
             }
+            if h.batch_linger >= h.ack_wait / 2 {
+                problems.push(format!(
+                    "handler `{}`: batch_linger must be less than half of ack_wait (the first message of a batch waits that long before it is kept in progress)",
+                    h.name
+                ));
+            }
             if h.batch_linger > Duration::from_secs(10) {
                 problems.push(format!(
                     "handler `{}`: batch_linger must be at most 10s (it delays every message of a batch that does not fill)",
@@ -528,8 +534,12 @@ ack_wait = "10s"
                 "handler `credit-projector`: batch must be between 1 and 1000 (messages per transaction)",
             ),
             (
+                "batch_linger = \"5s\"",
+                "handler `credit-projector`: batch_linger must be less than half of ack_wait (the first message of a batch waits that long before it is kept in progress)",
+            ),
+            (
                 "batch_linger = \"11s\"",
-                "handler `credit-projector`: batch_linger must be at most 10s (it delays every message of a batch that does not fill)",
+                "handler `credit-projector`: batch_linger must be less than half of ack_wait (the first message of a batch waits that long before it is kept in progress); handler `credit-projector`: batch_linger must be at most 10s (it delays every message of a batch that does not fill)",
             ),
         ] {
             assert_eq!(parse(&format!("{OK}{bad}\n")).unwrap_err(), err, "{bad}");

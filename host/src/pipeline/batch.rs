@@ -22,11 +22,12 @@
 //! Ack only after COMMIT holds as for one message (invariant 2): nothing of
 //! a batch is acked before its COMMIT returned.
 
-use super::{Delivery, Pipeline};
+use super::{Delivery, Outcome, Pipeline};
 use crate::broker;
 use crate::handler::{BatchApplied, BatchItem, StepFailed};
 use crate::metrics::{CommitTimings, HandlerStats};
 use crate::runtime::GuestMessage;
+use crate::shutdown::Unsettled;
 use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
 use async_nats::jetstream::Message;
 use std::collections::HashSet;
@@ -36,8 +37,9 @@ impl Pipeline {
     /// Runs the protocol for `msgs` (deliveries of this handler's consumer)
     /// as one batch (module docs), including every ack, nak and term. Fewer
     /// than two that can share a transaction run alone
-    /// ([`Pipeline::process`]).
-    pub async fn process_batch(&self, msgs: &[Message]) {
+    /// ([`Pipeline::process`]). Each delivery settled is crossed off
+    /// `unsettled` (what a stop gives back if it abandons the batch).
+    pub async fn process_batch(&self, msgs: &[Message], unsettled: &Unsettled) {
         let mut alone: Vec<&Message> = Vec::new();
         let mut batch: Vec<(Delivery<'_>, String)> = Vec::new();
         let mut ids = HashSet::new();
@@ -59,7 +61,7 @@ impl Pipeline {
         }
         if batch.len() < 2 {
             for msg in msgs {
-                self.process(msg).await;
+                self.process_alone(msg, unsettled).await;
             }
             return;
         }
@@ -83,7 +85,7 @@ impl Pipeline {
             let span =
                 tracing::info_span!("batch", handler = %self.handler.name(), size = pending.len());
             let (alone_again, deferred) = self
-                .run_batch(&batch, &pending, &mut keep)
+                .run_batch(&batch, &pending, &mut keep, unsettled)
                 .instrument(span)
                 .await;
             again.extend(alone_again);
@@ -92,10 +94,18 @@ impl Pipeline {
         again.extend(pending);
         for i in again {
             keep[i] = None;
-            self.process(batch[i].0.msg).await;
+            self.process_alone(batch[i].0.msg, unsettled).await;
         }
         for msg in alone {
-            self.process(msg).await;
+            self.process_alone(msg, unsettled).await;
+        }
+    }
+
+    /// [`Pipeline::process`], then `msg` crossed off `unsettled` unless it
+    /// was left unsettled.
+    async fn process_alone(&self, msg: &Message, unsettled: &Unsettled) {
+        if !matches!(self.process(msg).await, Outcome::Unsettled(_)) {
+            unsettled.settled(msg);
         }
     }
 
@@ -109,6 +119,7 @@ impl Pipeline {
         batch: &[(Delivery<'_>, String)],
         pending: &[usize],
         keep: &mut [Option<broker::InProgress>],
+        unsettled: &Unsettled,
     ) -> (Vec<usize>, Vec<usize>) {
         let _in_flight: Vec<_> = pending
             .iter()
@@ -168,6 +179,7 @@ impl Pipeline {
         .await;
         for ((i, attempt, _), outcome) in acks.iter().zip(acked) {
             keep[*i] = None;
+            unsettled.settled(batch[*i].0.msg);
             HandlerStats::incr(&self.handler.stats().delivered);
             HandlerStats::incr(&self.handler.stats().batched);
             if let Ok(outcome) = outcome {
@@ -186,6 +198,7 @@ impl Pipeline {
             {
                 Ok(outcome) => {
                     keep[i] = None;
+                    unsettled.settled(d.msg);
                     HandlerStats::incr(&self.handler.stats().delivered);
                     HandlerStats::incr(&self.handler.stats().batched);
                     self.count(&attempt, &outcome);
