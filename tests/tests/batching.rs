@@ -13,19 +13,37 @@ fn behave(op: &str, event_id: &str, account: i64, amount: i64) -> String {
     json!({"op": op, "event_id": event_id, "account_id": account, "amount": amount}).to_string()
 }
 
+/// A private nats-server, a fresh database of `backend`, and a config
+/// (in the returned directory) with one handler `name` running `guest` with
+/// the `extra` TOML lines.
+async fn setup(
+    backend: Backend,
+    name: &str,
+    guest: &str,
+    extra: &str,
+) -> (Nats, TestDb, tempfile::TempDir, std::path::PathBuf) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = HandlerSpec::new(name, guest);
+    h.extra = extra.into();
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    (nats, db, dir, cfg)
+}
+
 /// One batch holds messages that apply, a copy of one of them, one that
 /// writes then rejects, one that asks to be retried, one that writes then
 /// traps at its deadline, and one without a message id. What applies
 /// commits together; each failure is rolled back alone (its writes and its
 /// receipt) and settled as it would be alone; the copy is a duplicate.
 async fn a_batch_commits_together_and_fails_alone(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("behave", "behave");
-    h.extra =
-        "retry_delay = \"200ms\"\ndeadline = \"1s\"\nbatch = 16\nbatch_linger = \"500ms\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(
+        backend,
+        "behave",
+        "behave",
+        "retry_delay = \"200ms\"\ndeadline = \"1s\"\nbatch = 16\nbatch_linger = \"500ms\"\n",
+    )
+    .await;
     let host = RunningHost::start(&cfg).await;
     let js = nats.jetstream().await;
     let loop_once =
@@ -84,13 +102,13 @@ on_both_databases!(
 /// deadlock; the loser's message runs again alone, spending no delivery
 /// (nothing is retried).
 async fn copies_across_concurrent_batches_apply_once(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("credit-projector", "credit");
-    h.extra =
-        "retry_delay = \"200ms\"\nconcurrency = 3\nbatch = 8\nbatch_linger = \"20ms\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(
+        backend,
+        "credit-projector",
+        "credit",
+        "retry_delay = \"200ms\"\nconcurrency = 3\nbatch = 8\nbatch_linger = \"20ms\"\n",
+    )
+    .await;
     let js = nats.jetstream().await;
     let host = RunningHost::start(&cfg).await;
     let messages = 30;
@@ -154,12 +172,7 @@ fn slow_sql(rows: u64) -> String {
 /// for less than its deadline and spends no delivery (`max_deliver = 1`:
 /// any spent delivery would be a dead letter).
 async fn a_long_batch_does_not_fail_messages_that_wait_for_it(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("behave", "behave");
-    h.extra = "retry_delay = \"200ms\"\ndeadline = \"2s\"\nmax_deliver = 1\nconcurrency = 2\nbatch = 32\nbatch_linger = \"300ms\"\npull_batch = 64\nack_wait = \"60s\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(backend, "behave", "behave", "retry_delay = \"200ms\"\ndeadline = \"2s\"\nmax_deliver = 1\nconcurrency = 2\nbatch = 32\nbatch_linger = \"300ms\"\npull_batch = 64\nack_wait = \"60s\"\n").await;
     let host = RunningHost::start(&cfg).await;
     let js = nats.jetstream().await;
     let x = json!({"op": "credit", "event_id": "x", "account_id": 1, "amount": 100}).to_string();
@@ -207,12 +220,7 @@ on_both_databases!(
 /// the cancelled statement's, so the rollback is tried again), and its
 /// batch-mates commit in the batch.
 async fn a_trap_mid_statement_costs_only_its_message(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("behave", "behave");
-    h.extra = "retry_delay = \"200ms\"\ndeadline = \"1s\"\nmax_deliver = 1\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(backend, "behave", "behave", "retry_delay = \"200ms\"\ndeadline = \"1s\"\nmax_deliver = 1\nbatch = 4\nbatch_linger = \"300ms\"\n").await;
     let host = RunningHost::start(&cfg).await;
     let js = nats.jetstream().await;
     // The trapping message last: a transaction takes no message after a
@@ -294,12 +302,7 @@ async fn publish_batch_with_a_blocked_tail(js: &async_nats::jetstream::Context) 
 /// settled (ack_wait 3 s, a keep-alive every second, retry_delay 2 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_naked_member_comes_back_after_its_delay_postgres() {
-    let nats = Nats::start();
-    let db = TestDb::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("behave", "behave");
-    h.extra = "retry_delay = \"2s\"\ndeadline = \"20s\"\nack_wait = \"3s\"\nconcurrency = 2\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(Backend::Postgres, "behave", "behave", "retry_delay = \"2s\"\ndeadline = \"20s\"\nack_wait = \"3s\"\nconcurrency = 2\nbatch = 4\nbatch_linger = \"300ms\"\n").await;
     let host = RunningHost::start(&cfg).await;
     let lock = lock_row(&db, 7).await;
     let js = nats.jetstream().await;
@@ -335,13 +338,13 @@ async fn a_naked_member_comes_back_after_its_delay_postgres() {
 /// delivered again at once to the next host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_gives_back_only_unsettled_members_postgres() {
-    let nats = Nats::start();
-    let db = TestDb::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = HandlerSpec::new("behave", "behave");
-    h.extra =
-        "retry_delay = \"60s\"\ndeadline = \"20s\"\nbatch = 4\nbatch_linger = \"300ms\"\n".into();
-    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    let (nats, db, _dir, cfg) = setup(
+        Backend::Postgres,
+        "behave",
+        "behave",
+        "retry_delay = \"60s\"\ndeadline = \"20s\"\nbatch = 4\nbatch_linger = \"300ms\"\n",
+    )
+    .await;
     let mut text = std::fs::read_to_string(&cfg).unwrap();
     text.push_str("[service]\nshutdown_grace = \"1s\"\n");
     std::fs::write(&cfg, text).unwrap();

@@ -178,12 +178,9 @@ impl Pipeline {
         }))
         .await;
         for ((i, attempt, _), outcome) in acks.iter().zip(acked) {
-            keep[*i] = None;
-            unsettled.settled(batch[*i].0.msg);
-            HandlerStats::incr(&self.handler.stats().delivered);
-            HandlerStats::incr(&self.handler.stats().batched);
+            // A confirmed ack never needs the database: always `Ok`.
             if let Ok(outcome) = outcome {
-                self.count(attempt, &outcome);
+                self.settled_in_batch(batch[*i].0.msg, &mut keep[*i], unsettled, attempt, &outcome);
             }
         }
         // The failed ones one at a time: a dead letter is a write of its own.
@@ -197,11 +194,7 @@ impl Pipeline {
                 .await
             {
                 Ok(outcome) => {
-                    keep[i] = None;
-                    unsettled.settled(d.msg);
-                    HandlerStats::incr(&self.handler.stats().delivered);
-                    HandlerStats::incr(&self.handler.stats().batched);
-                    self.count(&attempt, &outcome);
+                    self.settled_in_batch(d.msg, &mut keep[i], unsettled, &attempt, &outcome);
                 }
                 // The dead letter could not be written (database
                 // unavailable): its receipt was taken back, so it runs
@@ -210,6 +203,23 @@ impl Pipeline {
             }
         }
         (again, deferred)
+    }
+
+    /// A member of a committed batch was settled: its keep-alive ends, a
+    /// stop no longer gives it back, and it is counted.
+    fn settled_in_batch(
+        &self,
+        msg: &Message,
+        keep: &mut Option<broker::InProgress>,
+        unsettled: &Unsettled,
+        attempt: &Attempt,
+        outcome: &Outcome,
+    ) {
+        *keep = None;
+        unsettled.settled(msg);
+        HandlerStats::incr(&self.handler.stats().delivered);
+        HandlerStats::incr(&self.handler.stats().batched);
+        self.count(attempt, outcome);
     }
 
     /// BEGIN, then the handler's batch step with the horizon as its
