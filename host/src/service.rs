@@ -495,14 +495,13 @@ async fn consume(
         if let Some(ready) = ready.take() {
             let _ = ready.send(());
         }
-        let mut gone = None;
         if batch > 1 {
             // A stop while the batch fills ends the filling: what was taken
             // runs (or is given back by the wind-down).
             tokio::select! {
                 biased;
                 () = stop.cancelled() => {}
-                filled = deliveries.fill(&mut msgs, batch, linger) => gone = filled.err(),
+                () = deliveries.fill(&mut msgs, batch, linger) => {}
             }
         }
         let p = pipeline.clone();
@@ -516,10 +515,6 @@ async fn consume(
             drop(slot);
         });
         in_flight.reap(pipeline.name());
-        if let Some(e) = gone {
-            lost.consumer_gone(pipeline.name(), e);
-            break;
-        }
     }
     shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
 }

@@ -34,15 +34,7 @@ pub struct Nats {
 
 impl Nats {
     pub fn start() -> Self {
-        let store = tempfile::tempdir().unwrap();
-        let mut n = Nats {
-            child: None,
-            port: free_port(),
-            store,
-            config: None,
-        };
-        n.spawn();
-        n
+        Self::started(None)
     }
 
     /// A server started with `config` (nats-server's config syntax, e.g. an
@@ -51,26 +43,54 @@ impl Nats {
     /// [`Nats::start`]. The server must accept a plain TCP connection for
     /// the readiness probe (TLS servers do).
     pub fn start_with_config(config: &str) -> Self {
+        Self::started(Some(config))
+    }
+
+    /// A server on a free port. A free port can be taken by another test's
+    /// process between the probe and the server's bind; then the server
+    /// exits, and this tries again on another port (five times).
+    fn started(config: Option<&str>) -> Self {
         let store = tempfile::tempdir().unwrap();
-        let file = store.path().join("nats-server.conf");
-        std::fs::write(&file, config).unwrap();
+        let config = config.map(|config| {
+            let file = store.path().join("nats-server.conf");
+            std::fs::write(&file, config).unwrap();
+            file
+        });
         let mut n = Nats {
             child: None,
             port: free_port(),
             store,
-            config: Some(file),
+            config,
         };
-        n.spawn();
+        for _ in 0..4 {
+            if n.try_spawn() {
+                return n;
+            }
+            n.port = free_port();
+        }
+        assert!(n.try_spawn(), "nats-server did not start (port taken?)");
         n
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "nats-server did not start on port {}",
+            self.port
+        );
+    }
+
+    /// Starts the server on `self.port` and waits until it answers with
+    /// NATS's `INFO` greeting; `false` when it exited first (its port was
+    /// taken). Panics when it neither answers nor exits within 10 s.
+    fn try_spawn(&mut self) -> bool {
+        use std::io::Read as _;
         let bin = nats_server_bin();
         let mut command = Command::new(&bin);
         if let Some(config) = &self.config {
             command.arg("-c").arg(config);
         }
-        let child = command
+        let mut child = command
             .args([
                 "-a",
                 "127.0.0.1",
@@ -89,9 +109,19 @@ impl Nats {
                     bin.display()
                 )
             });
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if let Ok(mut probe) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = probe.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut greeting = [0u8; 5];
+                if probe.read_exact(&mut greeting).is_ok() && &greeting == b"INFO " {
+                    self.child = Some(child);
+                    return true;
+                }
+            }
             assert!(Instant::now() < deadline, "nats-server did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -3,12 +3,12 @@
 //! creating the consumer (and an owned stream) again when it is deleted
 //! under a running host (ARCHITECTURE.md, "Code map": broker).
 
+use super::pull_stream::{PullError, PullSettings, PullStream};
 use super::{Broker, PULL_EXPIRES, PULL_HEARTBEAT, ensure_consumer_from};
 use crate::backoff;
 use crate::config::HandlerConfig;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::{self, consumer::pull};
-use futures::StreamExt;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -33,7 +33,7 @@ pub struct Deliveries {
     consumer: jetstream::consumer::Consumer<pull::Config>,
     connections: watch::Receiver<u64>,
     batch: usize,
-    stream: Option<pull::Stream>,
+    stream: Option<PullStream>,
     js: jetstream::Context,
     handler: HandlerConfig,
     max_ack_pending: i64,
@@ -47,6 +47,8 @@ pub struct Deliveries {
     ack_floor: u64,
     /// When `ack_floor` was last read.
     ack_floor_read: tokio::time::Instant,
+    /// An error item [`Deliveries::fill`] took, for the next pull to handle.
+    failed: Option<PullError>,
 }
 
 /// How often [`Deliveries`] reads its consumer's ack floor again.
@@ -79,6 +81,7 @@ impl Deliveries {
             handler: handler.clone(),
             max_ack_pending,
             lost_since: None,
+            failed: None,
         }
     }
 
@@ -200,17 +203,21 @@ impl Deliveries {
     /// retry and report.
     ///
     /// # Errors
-    /// The client's error when the pull stream cannot be started.
-    pub async fn open(&mut self) -> Result<(), jetstream::consumer::StreamError> {
+    /// [`PullError`]: the pull request could not be sent.
+    pub async fn open(&mut self) -> Result<(), PullError> {
         if self.stream.is_none() {
-            let stream = self
-                .consumer
-                .stream()
-                .max_messages_per_batch(self.batch)
-                .heartbeat(PULL_HEARTBEAT)
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await?;
+            let info = self.consumer.cached_info();
+            let stream = PullStream::open(
+                &self.js,
+                &info.stream_name,
+                &info.name,
+                PullSettings {
+                    batch: self.batch,
+                    expires: PULL_EXPIRES,
+                    heartbeat: PULL_HEARTBEAT,
+                },
+            )
+            .await?;
             self.stream = Some(stream);
         }
         Ok(())
@@ -223,46 +230,42 @@ impl Deliveries {
     /// (ARCHITECTURE.md, "Shutdown"). The pull stream is closed: a message
     /// the server sent after this is redelivered after `ack_wait`.
     pub fn release_buffered(&mut self) -> Vec<jetstream::Message> {
-        use futures::FutureExt as _;
-        let mut buffered = Vec::new();
-        let Some(mut stream) = self.stream.take() else {
-            return buffered;
-        };
-        // Only what is already here: `now_or_never` never waits. Bounded, in
-        // case the stream keeps yielding error items.
-        for _ in 0..self.batch.saturating_mul(4).saturating_add(16) {
-            match stream.next().now_or_never() {
-                Some(Some(Ok(msg))) => buffered.push(msg),
-                Some(Some(Err(_))) => {}
-                Some(None) | None => break,
-            }
-        }
-        buffered
+        self.stream
+            .take()
+            .map(PullStream::close)
+            .unwrap_or_default()
     }
 
     /// Adds to `batch` the messages that arrive within `linger` (those
     /// already buffered at once, even with a `linger` of zero) until it
-    /// holds `max`. A message taken is never lost if this is cancelled: it
-    /// is in `batch`.
-    ///
-    /// # Errors
-    /// As [`Deliveries::next`]; `batch` keeps what was taken before.
+    /// holds `max`. Only takes from the open pull stream: an error item, or
+    /// a stream not open, ends the filling, and the next
+    /// [`Deliveries::next`] deals with it. Cancel-safe: a message taken is
+    /// in `batch`.
     pub async fn fill(
         &mut self,
         batch: &mut Vec<jetstream::Message>,
         max: usize,
         linger: Duration,
-    ) -> Result<(), ConsumerLost> {
+    ) {
         let until = tokio::time::Instant::now() + linger;
-        while batch.len() < max {
-            // `timeout_at` polls the pull first: a buffered message is taken
-            // even when the time is up.
-            match tokio::time::timeout_at(until, self.pull()).await {
-                Ok(msg) => batch.push(msg?),
-                Err(_) => break,
+        while batch.len() < max && self.failed.is_none() {
+            let Some(stream) = self.stream.as_mut() else {
+                break;
+            };
+            let item = match stream.try_next() {
+                Some(item) => Some(item),
+                None => match tokio::time::timeout_at(until, stream.next()).await {
+                    Ok(item) => item,
+                    Err(_) => break,
+                },
+            };
+            match item {
+                Some(Ok(msg)) => batch.push(msg),
+                Some(Err(e)) => self.failed = Some(e),
+                None => self.stream = None,
             }
         }
-        Ok(())
     }
 
     /// The next message. A broker error is logged, and the pull starts again
@@ -291,13 +294,17 @@ impl Deliveries {
             let Some(stream) = self.stream.as_mut() else {
                 continue;
             };
-            let item = tokio::select! {
-                item = stream.next() => item,
-                _ = self.connections.changed() => {
-                    // Reconnected: the server forgot the open pull request.
-                    tracing::info!(handler = %self.handler.name, "reconnected to NATS; pulling again");
-                    self.stream = None;
-                    continue;
+            let item = if let Some(e) = self.failed.take() {
+                Some(Err(e))
+            } else {
+                tokio::select! {
+                    item = stream.next() => item,
+                    _ = self.connections.changed() => {
+                        // Reconnected: the server forgot the open pull request.
+                        tracing::info!(handler = %self.handler.name, "reconnected to NATS; pulling again");
+                        self.stream = None;
+                        continue;
+                    }
                 }
             };
             match item {
@@ -306,28 +313,19 @@ impl Deliveries {
                     return Ok(msg);
                 }
                 Some(Err(e)) => {
-                    use pull::MessagesErrorKind as K;
                     tracing::warn!(handler = %self.handler.name, error = %e, "consumer stream error; still pulling");
-                    // A missed heartbeat also means no pull request is open on
-                    // the server: async-nats 0.51 can miscount its pending
-                    // messages (a reply arriving before its request's result)
-                    // and then never pull again. Start a fresh pull stream.
-                    if matches!(
-                        e.kind(),
-                        K::ConsumerDeleted
-                            | K::NoResponders
-                            | K::RequestLimitExceeded
-                            | K::PushBasedConsumer
-                            | K::MissingHeartbeat
-                    ) {
+                    if !e.goes_on() {
                         self.stream = None;
                     }
                     tokio::time::sleep(next_wait(&mut waits)).await;
                     // A deleted consumer or stream shows as any of these
                     // (consumer deleted, no responders, missed heartbeats).
                     if matches!(
-                        e.kind(),
-                        K::ConsumerDeleted | K::NoResponders | K::MissingHeartbeat | K::Other
+                        e,
+                        PullError::ConsumerDeleted
+                            | PullError::NoResponders
+                            | PullError::MissingHeartbeat
+                            | PullError::Other(_)
                     ) {
                         self.restore().await?;
                     }

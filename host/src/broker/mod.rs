@@ -8,6 +8,11 @@
 //! - A consumer-stream error (missed heartbeat, consumer deleted, broker
 //!   restart) is an `Err` item, not the end of the stream: [`Deliveries`]
 //!   logs it and keeps pulling, re-creating the pull stream when needed.
+//! - async-nats's `Consumer::stream()` adds a pull request to its count of
+//!   messages to come only after the request went out; a reply that
+//!   overtakes that count leaves the stream waiting, with no request open,
+//!   until a heartbeat is missed. `pull_stream.rs` speaks the pull protocol itself
+//!   and counts a request before sending it.
 //! - `Nak(Some(delay))` redelivers after the delay; past a consumer's
 //!   `max_deliver` JetStream stops delivering without telling anyone, so
 //!   consumers are created without one and the pipeline dead-letters on the
@@ -23,8 +28,10 @@ use tokio::sync::watch;
 
 mod connect;
 mod deliveries;
+mod pull_stream;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
+pub use pull_stream::{PullError, PullSettings, PullStream};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
 /// heartbeat when no messages flow; two missed ones surface as an error item).

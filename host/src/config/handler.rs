@@ -264,13 +264,13 @@ impl HandlerConfig {
     /// Messages actually requested per pull: `pull_batch`, capped so that no
     /// message waits in the client past `ack_wait` before it starts (its
     /// in-progress keep-alive only runs once it does). The client buffers up
-    /// to 1.5 batches (async-nats asks for the next batch when half of one is
-    /// left) and each of `concurrency` slots may take up to `deadline` + 1 s
+    /// to 1.5 batches (it asks for the next batch when half of one is left)
+    /// and each of `concurrency` slots may take up to `deadline` + 1 s
     /// per message, so the cap is
-    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 2:
-    /// async-nats 0.51 asks for the next batch when at most half a batch is
-    /// pending, and with a batch of 1 a reply that overtakes its request's
-    /// result leaves the stream waiting for a message that never comes.
+    /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 2, so
+    /// that the next request is out while a message is processed (the next
+    /// one goes out when at most half a request is buffered or still to
+    /// come; see `broker::PullStream`).
     ///
     /// `batch` does not raise it: a batch fills from what the pulls bring
     /// within `batch_linger`, and a message still waits in the buffer at

@@ -1,0 +1,336 @@
+//! [`PullStream`]: the messages of one durable pull consumer over one inbox,
+//! with the pull requests kept outstanding by a task that counts what it
+//! asked for before it asks (ARCHITECTURE.md, "Code map": broker).
+//!
+//! Why not async-nats 0.51's own `Consumer::stream()`: its task sends a pull
+//! request and only then reports it to the stream, which adds the request's
+//! size to its count of messages still to come. When the request's messages
+//! arrive before that report (a busy runtime, a fast server), they are taken
+//! off a count that does not hold them yet (it saturates at zero), and the
+//! report then adds the whole request again: the stream believes messages
+//! are on their way that the server has already sent, asks for no more, and
+//! waits until a heartbeat is missed (10 s) or its request expires. With
+//! small pulls drained fast (batching) this happened in about one run in
+//! three. Here the count is raised before the request is published, so a
+//! reply can never arrive before its request is counted.
+//!
+//! The JetStream pull protocol this speaks (nats-server's
+//! `server/consumer.go`, ADR-13 "Pull Subscribe internals"): a request is
+//! published to `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>` with the
+//! inbox as reply subject and `{"batch", "expires", "idle_heartbeat"}`
+//! (durations in nanoseconds); the server answers on the inbox with up to
+//! `batch` messages, status 100 (idle heartbeat) while it holds the request
+//! with nothing to send, 408 when the request expired and 409 when it was
+//! ended early (both with `Nats-Pending-Messages`, what was left of it),
+//! and 503 when nothing answers the subject.
+
+use async_nats::jetstream;
+use async_nats::{StatusCode, Subscriber};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc};
+
+/// The subject prefix of the JetStream API (async-nats's default; idem sets
+/// no domain or other prefix).
+const API_PREFIX: &str = "$JS.API";
+
+/// Why a [`PullStream`] stopped or missed something: one item in its
+/// sequence of messages.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PullError {
+    /// The server said the consumer was deleted (409 "Consumer Deleted").
+    /// The stream has ended.
+    #[error("consumer deleted")]
+    ConsumerDeleted,
+    /// Nothing answers the consumer's pull subject (503): the stream or
+    /// JetStream is gone or not reachable. The stream has ended.
+    #[error("no responders")]
+    NoResponders,
+    /// The server refused the request: the consumer is push based, or the
+    /// request exceeds one of its limits (409 with the server's words). The
+    /// stream has ended.
+    #[error("pull request refused: {0}")]
+    Refused(String),
+    /// Nothing came from the server (no message, no heartbeat) for two
+    /// heartbeat intervals while requests were outstanding: they are taken
+    /// as lost and asked for again. The stream goes on.
+    #[error("missed idle heartbeat")]
+    MissingHeartbeat,
+    /// The request could not be published, or the inbox closed. The stream
+    /// has ended.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl PullError {
+    /// Whether the stream goes on after this item ([`PullError::MissingHeartbeat`]
+    /// only); after any other it has ended and must be opened again.
+    pub fn goes_on(&self) -> bool {
+        matches!(self, Self::MissingHeartbeat)
+    }
+}
+
+/// What the pull requests ask of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct PullSettings {
+    /// Messages per pull request (at least 1). The next request goes out
+    /// once at most half of one is buffered or still to come, so up to one
+    /// and a half requests' worth can wait in the client.
+    pub batch: usize,
+    /// How long the server holds a request (JetStream `expires`).
+    pub expires: Duration,
+    /// How often the server says it still holds a request with nothing to
+    /// send (JetStream `idle_heartbeat`); under half of `expires`.
+    pub heartbeat: Duration,
+}
+
+/// The messages of one durable pull consumer, in delivery order, with an
+/// [`PullError`] item where something went wrong. Dropping it stops the
+/// task; messages delivered to it and not taken are not acked, so the server
+/// delivers them again after `ack_wait`.
+pub struct PullStream {
+    items: mpsc::UnboundedReceiver<Result<jetstream::Message, PullError>>,
+    /// Messages sent into `items` and not yet taken.
+    buffered: Arc<AtomicUsize>,
+    /// Tells the task a message was taken (it may ask for more).
+    taken: Arc<Notify>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for PullStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PullStream {
+    /// Subscribes to a fresh inbox, publishes the first pull request for
+    /// `consumer` (of `stream`) and starts the task that keeps requests
+    /// outstanding. Returns once the first request is out.
+    ///
+    /// # Errors
+    /// [`PullError::Other`]: the inbox subscription or the first request
+    /// could not be sent (the client is closed).
+    pub async fn open(
+        js: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+        settings: PullSettings,
+    ) -> Result<Self, PullError> {
+        let client = js.client();
+        let inbox = client.new_inbox();
+        let subscriber = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| PullError::Other(format!("cannot subscribe to the pull inbox: {e}")))?;
+        let mut puller = Puller {
+            client,
+            context: js.clone(),
+            subject: format!("{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
+            inbox: inbox.into(),
+            request: request_body(settings),
+            settings,
+            outstanding: 0,
+            buffered: Arc::new(AtomicUsize::new(0)),
+            taken: Arc::new(Notify::new()),
+        };
+        puller.request().await?;
+        let (tx, items) = mpsc::unbounded_channel();
+        let (buffered, taken) = (puller.buffered.clone(), puller.taken.clone());
+        let task = tokio::spawn(puller.run(subscriber, tx)).abort_handle();
+        Ok(Self {
+            items,
+            buffered,
+            taken,
+            task,
+        })
+    }
+
+    /// The next item: waits for it. `None` once the stream has ended and
+    /// everything before the end was taken. Cancel-safe: an item is either
+    /// returned or stays for the next call.
+    pub async fn next(&mut self) -> Option<Result<jetstream::Message, PullError>> {
+        let item = self.items.recv().await?;
+        if item.is_ok() {
+            self.buffered.fetch_sub(1, Relaxed);
+            self.taken.notify_one();
+        }
+        Some(item)
+    }
+
+    /// An item already here, without waiting (`None` when there is none).
+    pub fn try_next(&mut self) -> Option<Result<jetstream::Message, PullError>> {
+        let item = self.items.try_recv().ok()?;
+        if item.is_ok() {
+            self.buffered.fetch_sub(1, Relaxed);
+            self.taken.notify_one();
+        }
+        Some(item)
+    }
+
+    /// Messages delivered to this stream and not yet taken.
+    pub fn buffered(&self) -> usize {
+        self.buffered.load(Relaxed)
+    }
+
+    /// Stops the task (no more requests, nothing more received) and returns
+    /// the messages delivered but not yet taken.
+    pub fn close(mut self) -> Vec<jetstream::Message> {
+        self.task.abort();
+        self.items.close();
+        let mut left = Vec::new();
+        while let Ok(item) = self.items.try_recv() {
+            if let Ok(msg) = item {
+                left.push(msg);
+            }
+        }
+        left
+    }
+}
+
+/// The JSON body of every pull request (JetStream's `JSApiConsumerGetNextRequest`).
+fn request_body(settings: PullSettings) -> bytes::Bytes {
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    serde_json::json!({
+        "batch": settings.batch.max(1),
+        "expires": nanos(settings.expires),
+        "idle_heartbeat": nanos(settings.heartbeat),
+    })
+    .to_string()
+    .into()
+}
+
+/// The task's state: what it asked for and what is waiting to be taken.
+struct Puller {
+    client: async_nats::Client,
+    context: jetstream::Context,
+    subject: String,
+    inbox: async_nats::Subject,
+    request: bytes::Bytes,
+    settings: PullSettings,
+    /// Messages asked for and neither received nor given up by the server.
+    outstanding: usize,
+    buffered: Arc<AtomicUsize>,
+    taken: Arc<Notify>,
+}
+
+impl Puller {
+    /// Publishes one pull request, counted before it is sent.
+    async fn request(&mut self) -> Result<(), PullError> {
+        self.outstanding += self.settings.batch.max(1);
+        self.client
+            .publish_with_reply(
+                self.subject.clone(),
+                self.inbox.clone(),
+                self.request.clone(),
+            )
+            .await
+            .map_err(|e| {
+                self.outstanding = self.outstanding.saturating_sub(self.settings.batch.max(1));
+                PullError::Other(format!("cannot send a pull request: {e}"))
+            })
+    }
+
+    /// Whether at most half a request is buffered or still to come.
+    fn wants_more(&self) -> bool {
+        self.outstanding + self.buffered.load(Relaxed) <= self.settings.batch.max(1) / 2
+    }
+
+    /// Receives until an error ends the stream or the receiver is dropped.
+    async fn run(
+        mut self,
+        mut subscriber: Subscriber,
+        tx: mpsc::UnboundedSender<Result<jetstream::Message, PullError>>,
+    ) {
+        let silence = self.settings.heartbeat * 2;
+        let mut heard = tokio::time::Instant::now();
+        loop {
+            if self.wants_more()
+                && let Err(e) = self.request().await
+            {
+                let _ = tx.send(Err(e));
+                return;
+            }
+            let waiting = self.outstanding > 0;
+            let msg = tokio::select! {
+                msg = subscriber.next() => msg,
+                () = self.taken.notified() => continue,
+                () = tokio::time::sleep_until(heard + silence), if waiting => {
+                    // The server holds none of our requests any more (it
+                    // restarted, lost them, or their answers were lost): ask
+                    // again.
+                    self.outstanding = 0;
+                    heard = tokio::time::Instant::now();
+                    if tx.send(Err(PullError::MissingHeartbeat)).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(msg) = msg else {
+                let _ = tx.send(Err(PullError::Other("the pull inbox closed".into())));
+                return;
+            };
+            heard = tokio::time::Instant::now();
+            match self.answer(msg) {
+                Ok(Some(msg)) => {
+                    self.buffered.fetch_add(1, Relaxed);
+                    if tx.send(Ok(msg)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What one message on the inbox means, with the count brought up to
+    /// date: a delivery, nothing for the consumer (a heartbeat, a request
+    /// ended), or the end of the stream.
+    fn answer(
+        &mut self,
+        msg: async_nats::Message,
+    ) -> Result<Option<jetstream::Message>, PullError> {
+        match msg.status {
+            None | Some(StatusCode::OK) => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                Ok(Some(jetstream::Message {
+                    message: msg,
+                    context: self.context.clone(),
+                }))
+            }
+            Some(StatusCode::IDLE_HEARTBEAT) => Ok(None),
+            Some(StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED) => {
+                let description = msg.description.clone().unwrap_or_default();
+                match description.as_str() {
+                    "Consumer Deleted" => return Err(PullError::ConsumerDeleted),
+                    d if d == "Consumer is push based" || d.starts_with("Exceeded MaxRequest") => {
+                        return Err(PullError::Refused(description));
+                    }
+                    _ => {}
+                }
+                // What was left of the request that ended; all of it when
+                // the server does not say.
+                let left = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Pending-Messages"))
+                    .and_then(|v| v.as_str().parse().ok())
+                    .unwrap_or(self.settings.batch.max(1));
+                self.outstanding = self.outstanding.saturating_sub(left);
+                Ok(None)
+            }
+            Some(StatusCode::NO_RESPONDERS) => Err(PullError::NoResponders),
+            Some(status) => Err(PullError::Other(format!(
+                "unexpected status {status} on the pull inbox: {}",
+                msg.description.unwrap_or_default()
+            ))),
+        }
+    }
+}
