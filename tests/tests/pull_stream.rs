@@ -13,6 +13,12 @@ use std::time::Duration;
 /// A stream `PULL` on `pull.>` with `n` messages `0..n`, and a durable
 /// explicit-ack consumer `c` on it.
 async fn stream_with(nats: &Nats, n: usize) -> jetstream::Context {
+    stream_with_consumer(nats, n, pull::Config::default()).await
+}
+
+/// [`stream_with`], the consumer made from `config` (its name and ack
+/// policy set here).
+async fn stream_with_consumer(nats: &Nats, n: usize, config: pull::Config) -> jetstream::Context {
     create_stream(nats, "PULL", &["pull.>"]).await;
     let js = nats.jetstream().await;
     for chunk in (0..n).collect::<Vec<_>>().chunks(200) {
@@ -34,7 +40,7 @@ async fn stream_with(nats: &Nats, n: usize) -> jetstream::Context {
         .create_consumer(pull::Config {
             durable_name: Some("c".into()),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ..Default::default()
+            ..config
         })
         .await
         .unwrap();
@@ -156,4 +162,51 @@ async fn messages_delivered_but_not_taken_are_handed_back_at_close() {
     assert_eq!(info.delivered.stream_sequence, 4);
     let left = s.close();
     assert_eq!(payloads(&left), vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_request_the_server_drops_is_found_by_its_silence_and_asked_again() {
+    let nats = Nats::start();
+    let js = stream_with_consumer(
+        &nats,
+        0,
+        pull::Config {
+            max_waiting: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    let settings = PullSettings {
+        batch: 2,
+        expires: Duration::from_secs(1),
+        heartbeat: Duration::from_millis(300),
+    };
+    // A's request takes the one waiting slot; B's is refused while it is
+    // there.
+    let a = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut b = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(a);
+    // A's last request expires on the server within 1 s; B, asking again,
+    // then holds the slot and receives.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..3 {
+        js.publish("pull.m".to_string(), i.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        match next_item(&mut b, Duration::from_secs(10)).await {
+            Ok(m) => got.push(m),
+            // nats-server 2.15 answers a request over `max_waiting`
+            // with nothing at all: B finds it lost by the silence (two
+            // heartbeat intervals) and asks again, going on.
+            Err(e) => assert!(matches!(e, PullError::MissingHeartbeat), "{e}"),
+        }
+    }
+    assert_eq!(payloads(&got), vec![0, 1, 2]);
 }

@@ -22,7 +22,10 @@
 //! `batch` messages, status 100 (idle heartbeat) while it holds the request
 //! with nothing to send, 408 when the request expired and 409 when it was
 //! ended early (both with `Nats-Pending-Messages`, what was left of it),
-//! and 503 when nothing answers the subject.
+//! and 503 when nothing answers the subject. A request the server drops
+//! without a word (nats-server 2.15 does so with one over the consumer's
+//! `max_waiting`) is found by the silence: no message and no heartbeat for
+//! two heartbeat intervals.
 
 use async_nats::jetstream;
 use async_nats::{StatusCode, Subscriber};
@@ -135,6 +138,7 @@ impl PullStream {
             outstanding: 0,
             buffered: Arc::new(AtomicUsize::new(0)),
             taken: Arc::new(Notify::new()),
+            not_before: tokio::time::Instant::now(),
         };
         puller.request().await?;
         let (tx, items) = mpsc::unbounded_channel();
@@ -214,7 +218,13 @@ struct Puller {
     outstanding: usize,
     buffered: Arc<AtomicUsize>,
     taken: Arc<Notify>,
+    /// No request goes out before this (see [`REFUSED_PAUSE`]).
+    not_before: tokio::time::Instant,
 }
+
+/// How long the next pull request waits after the server ended one early
+/// (409: `Exceeded MaxWaiting`, `Leadership Change`, ...).
+const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 
 impl Puller {
     /// Publishes one pull request, counted before it is sent.
@@ -247,7 +257,9 @@ impl Puller {
         let silence = self.settings.heartbeat * 2;
         let mut heard = tokio::time::Instant::now();
         loop {
+            let held_back = tokio::time::Instant::now() < self.not_before;
             if self.wants_more()
+                && !held_back
                 && let Err(e) = self.request().await
             {
                 let _ = tx.send(Err(e));
@@ -257,6 +269,7 @@ impl Puller {
             let msg = tokio::select! {
                 msg = subscriber.next() => msg,
                 () = self.taken.notified() => continue,
+                () = tokio::time::sleep_until(self.not_before), if held_back => continue,
                 () = tokio::time::sleep_until(heard + silence), if waiting => {
                     // The server holds none of our requests any more (it
                     // restarted, lost them, or their answers were lost): ask
@@ -314,6 +327,12 @@ impl Puller {
                         return Err(PullError::Refused(description));
                     }
                     _ => {}
+                }
+                if msg.status == Some(StatusCode::REQUEST_TERMINATED) {
+                    // Ended early (too many waiting requests, a leader
+                    // change): the next request waits a little, so a
+                    // refusal that repeats is not a busy loop.
+                    self.not_before = tokio::time::Instant::now() + REFUSED_PAUSE;
                 }
                 // What was left of the request that ended; all of it when
                 // the server does not say.
