@@ -210,3 +210,36 @@ async fn a_request_the_server_drops_is_found_by_its_silence_and_asked_again() {
     }
     assert_eq!(payloads(&got), vec![0, 1, 2]);
 }
+
+#[tokio::test]
+async fn a_request_after_a_long_pause_is_not_taken_for_lost() {
+    let nats = Nats::start();
+    let js = stream_with(&nats, 2).await;
+    let settings = PullSettings {
+        batch: 2,
+        expires: Duration::from_secs(30),
+        heartbeat: Duration::from_millis(300),
+    };
+    let mut s = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
+    for _ in 0..200 {
+        if s.buffered() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.buffered(), 2);
+    // Both messages buffered and nothing asked for: no request is out for
+    // longer than the silence that would mean one was lost.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let first = next_item(&mut s, Duration::from_secs(10)).await.unwrap();
+    let second = next_item(&mut s, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(payloads(&[first, second]), vec![0, 1]);
+    // The request sent after the pause is held by the server with its
+    // heartbeats: no item at all (a missed-heartbeat item would be one).
+    let next = tokio::time::timeout(Duration::from_millis(1500), s.next()).await;
+    assert!(
+        next.is_err(),
+        "unexpected item: {:?}",
+        next.map(|i| i.map(|r| r.map(|_| ())))
+    );
+}

@@ -258,12 +258,14 @@ impl Puller {
         let mut heard = tokio::time::Instant::now();
         loop {
             let held_back = tokio::time::Instant::now() < self.not_before;
-            if self.wants_more()
-                && !held_back
-                && let Err(e) = self.request().await
-            {
-                let _ = tx.send(Err(e));
-                return;
+            if self.wants_more() && !held_back {
+                if let Err(e) = self.request().await {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                // The silence that means a lost request counts from the
+                // latest request (none may have been out for long).
+                heard = tokio::time::Instant::now();
             }
             let waiting = self.outstanding > 0;
             let msg = tokio::select! {
