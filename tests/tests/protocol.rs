@@ -385,3 +385,64 @@ on_both_databases!(
     dead_letter_after_the_stream_is_created_again,
     dead_letter_after_the_stream_is_created_again
 );
+
+/// A redelivery of a message this host saw committed is acked as a
+/// duplicate without a transaction (ARCHITECTURE.md, "Duplicates this host
+/// committed"): it goes through while another session holds the receipts
+/// locked, where a new message waits for the lock.
+async fn a_copy_this_host_committed_is_acked_without_the_database(backend: Backend) {
+    let e = env(backend).await;
+    let cfg = write_config(
+        e.dir.path(),
+        &e.nats,
+        &e.db,
+        &[HandlerSpec::new("credit-projector", "credit")],
+    );
+    let host = RunningHost::start(&cfg).await;
+    let js = e.nats.jetstream().await;
+    publish(&js, SUBJECT, &credit("evt_1", 7, 100), &[]).await;
+    host.wait_for("credit-projector", "evt_1", |s| s.processed == 1)
+        .await;
+    // Another session holds the write lock (SQLite) or the receipts table
+    // (PostgreSQL): no receipt can be inserted or read.
+    let pool = e.db.pool().await;
+    let mut locker = pool.acquire().await.unwrap();
+    let lock = match backend {
+        Backend::Sqlite => "BEGIN IMMEDIATE",
+        Backend::Postgres => "BEGIN; LOCK TABLE idem_receipts IN ACCESS EXCLUSIVE MODE",
+    };
+    sqlx::raw_sql(lock).execute(&mut *locker).await.unwrap();
+    publish(&js, SUBJECT, &credit("evt_1", 7, 100), &[]).await;
+    publish(&js, SUBJECT, &credit("evt_2", 7, 5), &[]).await;
+    let s = host
+        .wait_for("credit-projector", "the copy of evt_1", |s| {
+            s.duplicates == 1
+        })
+        .await;
+    assert_eq!(s.processed, 1);
+    sqlx::raw_sql("ROLLBACK").execute(&mut *locker).await.unwrap();
+    drop(locker);
+    pool.close().await;
+    let s = host
+        .wait_for_within(
+            "credit-projector",
+            "evt_2",
+            std::time::Duration::from_secs(30),
+            |s| s.processed == 2,
+        )
+        .await;
+    assert_eq!(
+        (s.processed, s.duplicates, s.retried, s.dead_lettered),
+        (2, 1, 0, 0)
+    );
+    assert_eq!(e.db.balance(7).await, Some(105));
+    assert_eq!(
+        e.db.receipt_ids("credit-projector").await,
+        vec!["evt_1".to_string(), "evt_2".to_string()]
+    );
+    host.stop().await;
+}
+on_both_databases!(
+    a_copy_this_host_committed_is_acked_without_the_database,
+    a_copy_this_host_committed_is_acked_without_the_database
+);

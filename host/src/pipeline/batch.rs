@@ -53,9 +53,12 @@ impl Pipeline {
                 msg.headers.as_ref(),
                 &msg.payload,
             ) {
-                Ok(id) if ids.insert(id.clone()) => batch.push((d, id)),
-                // No message id (dead-lettered alone), or a second copy of
-                // one: it runs after the batch, where the receipt decides.
+                Ok(id) if !self.committed.contains(&id) && ids.insert(id.clone()) => {
+                    batch.push((d, id));
+                }
+                // No message id (dead-lettered alone), a second copy of one
+                // (the receipt decides after the batch), or one this host
+                // saw committed (acked without a transaction).
                 _ => alone.push(msg),
             }
         }
@@ -142,9 +145,13 @@ impl Pipeline {
             let attempt = match item {
                 BatchItem::Applied(handler) => {
                     self.note_commit(d, CommitTimings { handler, commit });
+                    self.committed.insert(id);
                     Attempt::Committed
                 }
-                BatchItem::Duplicate => Attempt::Duplicate,
+                BatchItem::Duplicate => {
+                    self.committed.insert(id);
+                    Attempt::Duplicate
+                }
                 BatchItem::Refused(reason) => Attempt::BeyondHorizon(reason),
                 BatchItem::GuestFailed(failure) => Attempt::GuestFailed(failure),
                 BatchItem::Conflict => {

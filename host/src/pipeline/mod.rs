@@ -40,6 +40,8 @@ use std::time::Duration;
 use tracing::Instrument as _;
 
 mod batch;
+mod committed;
+pub use committed::{COMMITTED_IDS, Committed};
 
 /// First wait before a held message runs again (doubling up to [`HOLD_MAX`],
 /// with jitter: [`backoff::doubling`]).
@@ -62,6 +64,9 @@ pub struct Pipeline {
     /// Whether a message beyond the retention horizon is quarantined (always,
     /// but in a replay under a fresh name: [`Pipeline::without_horizon`]).
     horizon: bool,
+    /// The message ids this process saw committed: a redelivery of one is
+    /// acked without a transaction.
+    committed: Committed,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -101,6 +106,7 @@ impl Pipeline {
             db,
             gate,
             horizon: true,
+            committed: Committed::default(),
         }
     }
 
@@ -267,7 +273,16 @@ impl Pipeline {
             Err(reason) => return Ok((None, Attempt::NoMessageId(reason))),
         };
         tracing::Span::current().record("message_id", message_id.as_str());
+        if self.committed.contains(&message_id) {
+            tracing::debug!(
+                "this host saw its receipt committed; a duplicate without a transaction"
+            );
+            return Ok((Some(message_id), Attempt::Duplicate));
+        }
         let attempt = self.transaction(d, &message_id).await?;
+        if matches!(attempt, Attempt::Committed | Attempt::Duplicate) {
+            self.committed.insert(&message_id);
+        }
         Ok((Some(message_id), attempt))
     }
 
