@@ -420,7 +420,10 @@ async fn a_copy_this_host_committed_is_acked_without_the_database(backend: Backe
         })
         .await;
     assert_eq!(s.processed, 1);
-    sqlx::raw_sql("ROLLBACK").execute(&mut *locker).await.unwrap();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
     drop(locker);
     pool.close().await;
     let s = host

@@ -35,9 +35,11 @@ use crate::progress::{Progress, Unit};
 use crate::runtime::{LoadOptions, Runtime};
 use crate::store::Database;
 use anyhow::Context as _;
-use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+};
 use clap::{ArgGroup, Args};
-use futures::StreamExt as _;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -322,7 +324,7 @@ impl Plan<'_> {
             Start::Since(_) => None,
         };
         let label = format!("replay {}", self.cfg.name);
-        let result = consume(Arc::new(pipeline), consumer, end, first, &label, &stop).await;
+        let result = consume(js, Arc::new(pipeline), consumer, end, first, &label, &stop).await;
         signals.abort();
         if let Err(e) = stream.delete_consumer(&consumer_name).await {
             tracing::warn!(consumer = %consumer_name, error = %e, "cannot delete the replay's consumer; the broker removes it after {}", humantime::format_duration(INACTIVE_THRESHOLD));
@@ -370,6 +372,7 @@ impl Plan<'_> {
 /// or `stop` is cancelled; returns the counts and whether it was stopped.
 /// `first`: the range's first sequence when known (for the progress bar).
 async fn consume(
+    js: &jetstream::Context,
     pipeline: Arc<Pipeline>,
     mut consumer: PullConsumer,
     end: u64,
@@ -387,10 +390,17 @@ async fn consume(
         Unit::Items("sequences"),
     );
     let mut first = first;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(pipeline.config().effective_pull_batch())
-        .messages()
+    let pull = broker::PullSettings {
+        batch: pipeline.config().effective_pull_batch(),
+        expires: broker::PULL_EXPIRES,
+        heartbeat: broker::PULL_HEARTBEAT,
+    };
+    let (stream_name, consumer_name) = {
+        let info = consumer.cached_info();
+        (info.stream_name.clone(), info.name.clone())
+    };
+    let open = || broker::PullStream::open(js, &stream_name, &consumer_name, pull);
+    let mut messages = open()
         .await
         .context("cannot pull from the replay's consumer")?;
     let concurrency = pipeline.config().concurrency.max(1);
@@ -439,14 +449,21 @@ async fn consume(
                     }
                     Ok(None) => anyhow::bail!("the replay's consumer stopped delivering; run the replay again"),
                     Ok(Some(Err(e))) => {
-                        use async_nats::jetstream::consumer::pull::MessagesErrorKind;
-                        if matches!(e.kind(), MessagesErrorKind::ConsumerDeleted) {
+                        if matches!(e, broker::PullError::ConsumerDeleted) {
                             anyhow::bail!(
                                 "the replay's consumer is gone from the broker (deleted, or idle for more than {}); run the replay again: what it applied is recognised by its receipts",
                                 humantime::format_duration(INACTIVE_THRESHOLD)
                             );
                         }
                         tracing::warn!(error = %e, "pulling from the replay's consumer; going on");
+                        if !e.goes_on() {
+                            // The pull stream ended (no responders, a
+                            // refused or unsent request): pull again.
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            messages = open()
+                                .await
+                                .context("cannot pull from the replay's consumer")?;
+                        }
                         continue;
                     }
                     Ok(Some(Ok(msg))) => msg,

@@ -35,9 +35,9 @@ pub use pull_stream::{PullError, PullSettings, PullStream};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
 /// heartbeat when no messages flow; two missed ones surface as an error item).
-const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long one pull request stays open on the server.
-const PULL_EXPIRES: Duration = Duration::from_secs(30);
+pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
 /// A connection to the broker: the JetStream context, and a counter of
 /// (re)connections that [`Deliveries`] watches to start a fresh pull after a

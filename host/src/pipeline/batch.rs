@@ -4,9 +4,11 @@
 //! fails costs only itself ([`PreparedHandler::apply_batch`]).
 //!
 //! ```text
-//! deliveries ─► message ids read; a delivery without one, without
-//!               JetStream metadata, or a second copy of a message id in
-//!               the batch runs alone afterwards (the receipt decides)
+//! deliveries ─► message ids read; one whose receipt this host saw
+//!               committed is acked at once, without a transaction; a
+//!               delivery without one, without JetStream metadata, or a
+//!               second copy of a message id in the batch runs alone
+//!               afterwards (the receipt decides)
 //! BEGIN ─► receipts ─► per message: horizon, guest in its savepoint ─► COMMIT
 //!   committed ─► every ack at once (applied and duplicates), then
 //!                the failed ones settled one by one as alone
@@ -41,6 +43,7 @@ impl Pipeline {
     /// `unsettled` (what a stop gives back if it abandons the batch).
     pub async fn process_batch(&self, msgs: &[Message], unsettled: &Unsettled) {
         let mut alone: Vec<&Message> = Vec::new();
+        let mut known: Vec<&Message> = Vec::new();
         let mut batch: Vec<(Delivery<'_>, String)> = Vec::new();
         let mut ids = HashSet::new();
         for msg in msgs {
@@ -53,18 +56,21 @@ impl Pipeline {
                 msg.headers.as_ref(),
                 &msg.payload,
             ) {
-                Ok(id) if !self.committed.contains(&id) && ids.insert(id.clone()) => {
-                    batch.push((d, id));
-                }
-                // No message id (dead-lettered alone), a second copy of one
-                // (the receipt decides after the batch), or one this host
-                // saw committed (acked without a transaction).
+                // Its receipt was seen committed: acked without a
+                // transaction, all such at once, before the batch.
+                Ok(id) if self.committed.contains(&id) => known.push(msg),
+                Ok(id) if ids.insert(id.clone()) => batch.push((d, id)),
+                // No message id (dead-lettered alone), or a second copy of
+                // one: it runs after the batch, where the receipt decides.
                 _ => alone.push(msg),
             }
         }
+        futures::future::join_all(known.iter().map(|msg| self.process_alone(msg, unsettled))).await;
         if batch.len() < 2 {
             for msg in msgs {
-                self.process_alone(msg, unsettled).await;
+                if !known.iter().any(|k| std::ptr::eq(*k, msg)) {
+                    self.process_alone(msg, unsettled).await;
+                }
             }
             return;
         }

@@ -65,6 +65,12 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The longest reason a guest may return; longer ones are truncated.
 pub const MAX_REASON_BYTES: usize = 4096;
 
+/// How many freed instances' memories and tables the pooling allocator
+/// resets together (wasmtime's `decommit_batch_size`): one reset per
+/// instance costs a TLB shootdown (an interrupt to every other core) per
+/// message; batched, it is paid once per batch.
+const DECOMMIT_BATCH: usize = 32;
+
 /// Instances that may run at once with [`Runtime::new`].
 pub const DEFAULT_CAPACITY: u32 = 128;
 
@@ -238,7 +244,8 @@ impl Runtime {
             // adapter shims), usually one memory and a few tables.
             .total_core_instances(capacity.saturating_mul(8))
             .total_memories(capacity.saturating_mul(2))
-            .total_tables(capacity.saturating_mul(4));
+            .total_tables(capacity.saturating_mul(4))
+            .decommit_batch_size(DECOMMIT_BATCH.min(capacity as usize));
         let mut config = Config::new();
         config
             .wasm_component_model(true)
