@@ -47,6 +47,16 @@ async fn stream_with_consumer(nats: &Nats, n: usize, config: pull::Config) -> je
     js
 }
 
+/// Pull requests of `batch` messages, held `expires` by the server, with
+/// a heartbeat every `heartbeat`.
+fn settings(batch: usize, expires: Duration, heartbeat: Duration) -> PullSettings {
+    PullSettings {
+        batch,
+        expires,
+        heartbeat,
+    }
+}
+
 /// The next item, failing the test if none comes within `within` (a
 /// stream that went silent, not a timing measurement).
 async fn next_item(s: &mut PullStream, within: Duration) -> Result<jetstream::Message, PullError> {
@@ -68,11 +78,7 @@ async fn a_small_pull_drained_in_batches_receives_everything_without_stalling() 
     const N: usize = 3000;
     let nats = Nats::start();
     let js = stream_with(&nats, N).await;
-    let settings = PullSettings {
-        batch: 2,
-        expires: Duration::from_secs(30),
-        heartbeat: Duration::from_secs(5),
-    };
+    let settings = settings(2, Duration::from_secs(30), Duration::from_secs(5));
     let mut s = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
     let mut got = Vec::with_capacity(N);
     while got.len() < N {
@@ -100,11 +106,7 @@ async fn a_small_pull_drained_in_batches_receives_everything_without_stalling() 
 async fn an_expired_request_is_counted_off_and_asked_for_again() {
     let nats = Nats::start();
     let js = stream_with(&nats, 3).await;
-    let settings = PullSettings {
-        batch: 10,
-        expires: Duration::from_secs(1),
-        heartbeat: Duration::from_millis(300),
-    };
+    let settings = settings(10, Duration::from_secs(1), Duration::from_millis(300));
     let mut s = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
@@ -134,11 +136,7 @@ async fn an_expired_request_is_counted_off_and_asked_for_again() {
 async fn messages_delivered_but_not_taken_are_handed_back_at_close() {
     let nats = Nats::start();
     let js = stream_with(&nats, 5).await;
-    let settings = PullSettings {
-        batch: 4,
-        expires: Duration::from_secs(30),
-        heartbeat: Duration::from_secs(5),
-    };
+    let settings = settings(4, Duration::from_secs(30), Duration::from_secs(5));
     let mut s = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
     let first = next_item(&mut s, Duration::from_secs(10)).await.unwrap();
     assert_eq!(payloads(&[first]), vec![0]);
@@ -176,11 +174,7 @@ async fn a_request_the_server_drops_is_found_by_its_silence_and_asked_again() {
         },
     )
     .await;
-    let settings = PullSettings {
-        batch: 2,
-        expires: Duration::from_secs(1),
-        heartbeat: Duration::from_millis(300),
-    };
+    let settings = settings(2, Duration::from_secs(1), Duration::from_millis(300));
     // A's request takes the one waiting slot; B's is refused while it is
     // there.
     let a = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
@@ -215,11 +209,7 @@ async fn a_request_the_server_drops_is_found_by_its_silence_and_asked_again() {
 async fn a_request_after_a_long_pause_is_not_taken_for_lost() {
     let nats = Nats::start();
     let js = stream_with(&nats, 2).await;
-    let settings = PullSettings {
-        batch: 2,
-        expires: Duration::from_secs(30),
-        heartbeat: Duration::from_millis(300),
-    };
+    let settings = settings(2, Duration::from_secs(30), Duration::from_millis(300));
     let mut s = PullStream::open(&js, "PULL", "c", settings).await.unwrap();
     for _ in 0..200 {
         if s.buffered() == 2 {
