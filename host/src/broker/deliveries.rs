@@ -90,6 +90,7 @@ impl Deliveries {
     /// buffered here are not acked: the server redelivers them after
     /// `ack_wait`. The next [`Deliveries::next`] pulls again.
     pub fn pause(&mut self) {
+        self.failed = None;
         if self.stream.take().is_some() {
             tracing::info!(handler = %self.handler.name, "fetching paused");
         }
@@ -230,6 +231,7 @@ impl Deliveries {
     /// (ARCHITECTURE.md, "Shutdown"). The pull stream is closed: a message
     /// the server sent after this is redelivered after `ack_wait`.
     pub fn release_buffered(&mut self) -> Vec<jetstream::Message> {
+        self.failed = None;
         self.stream
             .take()
             .map(PullStream::close)

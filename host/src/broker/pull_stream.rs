@@ -273,11 +273,17 @@ impl Puller {
                 () = self.taken.notified() => continue,
                 () = tokio::time::sleep_until(self.not_before), if held_back => continue,
                 () = tokio::time::sleep_until(heard + silence), if waiting => {
+                    heard = tokio::time::Instant::now();
+                    if self.client.connection_state() != async_nats::connection::State::Connected {
+                        // Nothing can come while the client reconnects, and
+                        // a request sent now would wait in the client and go
+                        // out with the others on reconnect: wait.
+                        continue;
+                    }
                     // The server holds none of our requests any more (it
                     // restarted, lost them, or their answers were lost): ask
                     // again.
                     self.outstanding = 0;
-                    heard = tokio::time::Instant::now();
                     if tx.send(Err(PullError::MissingHeartbeat)).is_err() {
                         return;
                     }

@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! deliveries ─► message ids read; one whose receipt this host saw
-//!               committed is acked at once, without a transaction; a
-//!               delivery without one, without JetStream metadata, or a
+//!               committed lately and still finds is acked at once,
+//!               without a transaction; a delivery without one, without JetStream metadata, or a
 //!               second copy of a message id in the batch runs alone
 //!               afterwards (the receipt decides)
 //! BEGIN ─► receipts ─► per message: horizon, guest in its savepoint ─► COMMIT
@@ -56,8 +56,9 @@ impl Pipeline {
                 msg.headers.as_ref(),
                 &msg.payload,
             ) {
-                // Its receipt was seen committed: acked without a
-                // transaction, all such at once, before the batch.
+                // Its receipt was seen committed lately: read again and,
+                // when there, acked without a transaction; all such at
+                // once, before the batch.
                 Ok(id) if self.committed.contains(&id) => known.push(msg),
                 Ok(id) if ids.insert(id.clone()) => batch.push((d, id)),
                 // No message id (dead-lettered alone), or a second copy of

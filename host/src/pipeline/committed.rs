@@ -1,20 +1,20 @@
 //! [`Committed`]: the message ids of one handler whose receipts this process
-//! saw committed, the most recent [`COMMITTED_IDS`] of them, so that a
-//! redelivery of one is acked as a duplicate without a transaction
-//! (ARCHITECTURE.md, "Duplicates this host committed").
-//!
-//! It only ever holds ids whose receipt was committed (this process's
-//! COMMIT returned, or a receipt insert found a committed receipt), and a
-//! committed receipt is never taken back by idem while its message can
-//! still be delivered (retention keeps it past the stream's `max_age`). So
-//! acking such an id without asking the database is what the receipt would
-//! have decided. What it cannot know is a receipt removed behind idem's back
-//! (a database restored from a backup, rows deleted by hand): a redelivery
-//! of such a message to this process is acked, not applied again. A new
-//! process starts empty.
+//! saw committed in the last [`COMMITTED_TTL`], the most recent
+//! [`COMMITTED_IDS`] of them: the likely duplicates (ARCHITECTURE.md,
+//! "Duplicates this host committed"). A delivery of one of these has its
+//! receipt read, outside any transaction, and is acked as a duplicate when
+//! the receipt is there, with no BEGIN, no receipt insert and no ROLLBACK.
+//! The set only says where to look; the receipt decides, so a receipt
+//! forgotten (`idem receipts forget`) or pruned since is seen.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long an id stays known after its receipt was seen committed: long
+/// enough for the copies that cost throughput (a redelivery after a lost
+/// ack, a producer's retry).
+pub const COMMITTED_TTL: Duration = Duration::from_secs(60);
 
 /// How many message ids [`Committed`] keeps per handler (the oldest go
 /// first). A redelivery usually comes within `ack_wait` of its first
@@ -25,49 +25,60 @@ pub const COMMITTED_IDS: usize = 16_384;
 #[derive(Debug)]
 pub struct Committed {
     capacity: usize,
+    ttl: Duration,
     ids: Mutex<Ids>,
 }
 
 #[derive(Debug, Default)]
 struct Ids {
-    set: HashSet<Arc<str>>,
-    order: VecDeque<Arc<str>>,
+    /// Each id, with when its receipt was last seen committed.
+    seen: HashMap<Arc<str>, Instant>,
+    /// Every noting, oldest first: an id noted again has a later entry,
+    /// and its earlier one no longer removes it.
+    order: VecDeque<(Arc<str>, Instant)>,
 }
 
 impl Default for Committed {
     fn default() -> Self {
-        Self::with_capacity(COMMITTED_IDS)
+        Self::new(COMMITTED_IDS, COMMITTED_TTL)
     }
 }
 
 impl Committed {
-    /// Keeps the most recent `capacity` ids (at least 1).
-    pub fn with_capacity(capacity: usize) -> Self {
+    /// Keeps the most recent `capacity` notings (at least 1), each for `ttl`.
+    pub fn new(capacity: usize, ttl: Duration) -> Self {
         Self {
             capacity: capacity.max(1),
+            ttl,
             ids: Mutex::default(),
         }
     }
 
-    /// Whether `message_id`'s receipt is known to be committed.
+    /// Whether `message_id`'s receipt was seen committed within the TTL.
     pub fn contains(&self, message_id: &str) -> bool {
-        self.lock().set.contains(message_id)
+        self.lock()
+            .seen
+            .get(message_id)
+            .is_some_and(|at| at.elapsed() < self.ttl)
     }
 
-    /// Notes that `message_id`'s receipt is committed, forgetting the
-    /// oldest id when full.
+    /// Notes that `message_id`'s receipt is committed (now), forgetting
+    /// the oldest notings when full and those past the TTL.
     pub fn insert(&self, message_id: &str) {
+        let now = Instant::now();
         let mut ids = self.lock();
-        if ids.set.contains(message_id) {
-            return;
-        }
         let id: Arc<str> = message_id.into();
-        ids.set.insert(id.clone());
-        ids.order.push_back(id);
-        if ids.order.len() > self.capacity
-            && let Some(oldest) = ids.order.pop_front()
-        {
-            ids.set.remove(&oldest);
+        ids.seen.insert(id.clone(), now);
+        ids.order.push_back((id, now));
+        while let Some((_, at)) = ids.order.front() {
+            if ids.order.len() <= self.capacity && now.duration_since(*at) < self.ttl {
+                break;
+            }
+            if let Some((oldest, at)) = ids.order.pop_front()
+                && ids.seen.get(&oldest) == Some(&at)
+            {
+                ids.seen.remove(&oldest);
+            }
         }
     }
 
@@ -84,22 +95,34 @@ mod tests {
 
     #[test]
     fn keeps_the_most_recent_ids() {
-        let c = Committed::with_capacity(3);
-        for id in ["a", "b", "c"] {
+        let c = Committed::new(3, COMMITTED_TTL);
+        for id in ["a", "b", "c", "d"] {
             c.insert(id);
         }
-        // Noting a known id again does not make it newer or count twice.
-        c.insert("a");
-        c.insert("d");
         assert_eq!(
             ["a", "b", "c", "d"].map(|id| c.contains(id)),
             [false, true, true, true]
         );
+        // Noting "b" again makes it the newest: "c" goes first, then "d".
+        c.insert("b");
         c.insert("e");
         assert_eq!(
             ["b", "c", "d", "e"].map(|id| c.contains(id)),
-            [false, true, true, true]
+            [true, false, true, true]
         );
         assert!(!c.contains("x"));
+    }
+
+    #[test]
+    fn forgets_an_id_after_the_ttl() {
+        let c = Committed::new(10, Duration::from_millis(50));
+        c.insert("a");
+        assert!(c.contains("a"));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!c.contains("a"));
+        // The expired noting is dropped with the next one.
+        c.insert("b");
+        assert_eq!(c.lock().order.len(), 1);
+        assert_eq!(c.lock().seen.len(), 1);
     }
 }

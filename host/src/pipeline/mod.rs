@@ -41,7 +41,7 @@ use tracing::Instrument as _;
 
 mod batch;
 mod committed;
-pub use committed::{COMMITTED_IDS, Committed};
+pub use committed::{COMMITTED_IDS, COMMITTED_TTL, Committed};
 
 /// First wait before a held message runs again (doubling up to [`HOLD_MAX`],
 /// with jitter: [`backoff::doubling`]).
@@ -64,8 +64,9 @@ pub struct Pipeline {
     /// Whether a message beyond the retention horizon is quarantined (always,
     /// but in a replay under a fresh name: [`Pipeline::without_horizon`]).
     horizon: bool,
-    /// The message ids this process saw committed: a redelivery of one is
-    /// acked without a transaction.
+    /// The message ids whose receipts this process saw committed lately: a
+    /// copy of one has its receipt read, and is acked without a transaction
+    /// when it is there.
     committed: Committed,
 }
 
@@ -273,10 +274,13 @@ impl Pipeline {
             Err(reason) => return Ok((None, Attempt::NoMessageId(reason))),
         };
         tracing::Span::current().record("message_id", message_id.as_str());
-        if self.committed.contains(&message_id) {
-            tracing::debug!(
-                "this host saw its receipt committed; a duplicate without a transaction"
-            );
+        if self.committed.contains(&message_id)
+            && let Ok(Some(_)) = self.db.receipt(self.name(), &message_id).await
+        {
+            // The receipt is there (read outside a transaction: committed).
+            // Not found (forgotten, pruned) or not readable: the
+            // transaction decides, as for any message.
+            tracing::debug!("receipt committed and still there; a duplicate without a transaction");
             return Ok((Some(message_id), Attempt::Duplicate));
         }
         let attempt = self.transaction(d, &message_id).await?;
