@@ -105,6 +105,28 @@ impl Workload {
         }
     }
 
+    /// How many of `messages`, from the first, it takes to hold `n`
+    /// distinct credit events (an `event_id` with a numeric account and
+    /// amount); all of them when there are fewer. A fault planned at `n`
+    /// receipts is sure to come once this prefix is published.
+    pub fn prefix_holding(&self, n: usize) -> usize {
+        let mut seen = BTreeSet::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            if seen.len() >= n {
+                return i;
+            }
+            let v: serde_json::Value = serde_json::from_str(m).unwrap();
+            if let (Some(id), Some(_), Some(_)) = (
+                v["event_id"].as_str(),
+                v["account_id"].as_i64(),
+                v["amount"].as_i64(),
+            ) {
+                seen.insert(id.to_string());
+            }
+        }
+        self.messages.len()
+    }
+
     /// The expected state, computed from the payloads alone (not from the
     /// generator): each distinct `event_id` with a numeric account and
     /// amount credits once. Returns (balances by account, sorted event ids).

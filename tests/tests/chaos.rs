@@ -5,12 +5,17 @@
 //! `Nats-Msg-Id` (so the broker cannot hide them from idem), a few poison
 //! messages the credit handler rejects, and one message without an identity.
 //!
-//! While they consume: a random host is SIGKILLed every 2–4 s and restarted,
-//! nats-server is restarted once (SIGKILL, same port and store; then no
-//! kills for a while, so the hosts that lived through it must resume on
-//! their own), on PostgreSQL every host's backend is terminated once
-//! (`pg_terminate_backend`), and every host skips 10 % of its acks after
-//! commit (`IDEM_FAULT=drop-ack:10`). The run ends when every expected
+//! While they consume, faults come at planned receipt counts (fractions of
+//! the distinct events), so every run has all of them however fast the
+//! hosts are: a random host is SIGKILLed and restarted at each of
+//! `kills_at`, nats-server is restarted once (SIGKILL, same port and store;
+//! then no kill until consumption resumed, so the hosts that lived through
+//! it must resume on their own), on PostgreSQL every host's backend is
+//! terminated once (`pg_terminate_backend`), and every host skips 10 % of
+//! its acks after commit (`IDEM_FAULT=drop-ack:10`). The publisher holds
+//! back what lies more than [`LEAD`] past the next fault until that fault
+//! has happened: the count a fault waits for is sure to come, and the hosts
+//! cannot finish the work before it. The run ends when every expected
 //! receipt is there and the consumer has nothing pending or unacked, or
 //! fails at a hard time bound with the counts so far.
 //!
@@ -41,9 +46,13 @@ const SEED: u64 = 0xC4A0_5EED_2026;
 const CONSUMER: &str = "credit-projector";
 const SUBJECT: &str = "accounts.credit";
 
-/// No kills for this long after the broker restart: the hosts that lived
-/// through it must resume consuming on their own, not be replaced.
-const QUIET_AFTER_NATS_RESTART: Duration = Duration::from_secs(15);
+/// The hosts that lived through the broker restart must be consuming again
+/// within this long (no host is killed until they are).
+const RESUME_AFTER_NATS_RESTART: Duration = Duration::from_secs(15);
+
+/// The publisher stays at most this fraction of the distinct events ahead of
+/// the next fault's receipt count.
+const LEAD: f64 = 0.08;
 
 /// The two chaos tests run one after the other: each wants both cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -61,8 +70,9 @@ struct Plan {
     extra: &'static str,
     /// `[database] max_connections` of each host (above the handler's `concurrency`).
     max_connections: u32,
-    /// SIGKILL a random host every `kill_every.0..=kill_every.1` ms.
-    kill_every: (u64, u64),
+    /// SIGKILL a random host (and start it again) when these fractions of
+    /// the receipts are in.
+    kills_at: &'static [f64],
     /// Restart nats-server once this fraction of the receipts is in.
     nats_restart_at: f64,
     /// Terminate the hosts' PostgreSQL backends once this fraction is in.
@@ -85,7 +95,7 @@ async fn chaos_postgres() {
         // Pull batch 2 (ack_wait × concurrency / (1.5 × (deadline + 1 s))).
         extra: "ack_wait = \"3s\"\ndeadline = \"2s\"\nretry_delay = \"100ms\"\nconcurrency = 4\n",
         max_connections: 6,
-        kill_every: (2000, 4000),
+        kills_at: KILLS_AT,
         nats_restart_at: 0.3,
         terminate_at: Some(0.6),
         bound: Duration::from_secs(8 * 60),
@@ -107,12 +117,39 @@ async fn chaos_sqlite() {
         // Pull batch 2, as above; SQLite runs one writer at a time anyway.
         extra: "ack_wait = \"3s\"\ndeadline = \"2s\"\nretry_delay = \"100ms\"\nconcurrency = 3\n",
         max_connections: 4,
-        kill_every: (2000, 4000),
+        kills_at: KILLS_AT,
         nats_restart_at: 0.3,
         terminate_at: None,
         bound: Duration::from_secs(5 * 60),
     })
     .await;
+}
+
+/// Where the SIGKILLs come, as fractions of the receipts: before and after
+/// the broker restart (0.3) and the backend terminations (0.6).
+const KILLS_AT: &[f64] = &[0.05, 0.15, 0.22, 0.4, 0.5, 0.68, 0.78, 0.88, 0.95];
+
+/// A fault of the plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Kill,
+    NatsRestart,
+    TerminateBackends,
+}
+
+/// The plan's faults in the order they come, each with the receipt count
+/// it waits for.
+fn schedule(plan: &Plan, distinct: i64) -> std::collections::VecDeque<(i64, Fault)> {
+    let mut faults: Vec<(f64, Fault)> = plan.kills_at.iter().map(|f| (*f, Fault::Kill)).collect();
+    faults.push((plan.nats_restart_at, Fault::NatsRestart));
+    if let Some(at) = plan.terminate_at {
+        faults.push((at, Fault::TerminateBackends));
+    }
+    faults.sort_by(|a, b| a.0.total_cmp(&b.0));
+    faults
+        .into_iter()
+        .map(|(f, fault)| ((f * distinct as f64).ceil() as i64, fault))
+        .collect()
 }
 
 /// What the chaos did, for the summary and failure messages.
@@ -194,19 +231,36 @@ async fn run(plan: Plan) {
         })
         .collect();
 
+    let mut faults = schedule(&plan, distinct);
+    // How many messages the publisher may send: up to LEAD past the next
+    // fault's receipt count, all of them once no fault is left.
+    let allowed_for = |next: Option<&(i64, Fault)>| match next {
+        Some((at, _)) => w.prefix_holding((*at as f64 + LEAD * distinct as f64).ceil() as usize),
+        None => w.messages.len(),
+    };
+    let (allow, mut allowed) = tokio::sync::watch::channel(allowed_for(faults.front()));
     let mut publisher = Some({
         let js = js.clone();
         let messages = w.messages.clone();
         tokio::spawn(async move {
             let t = Instant::now();
-            let resent = publish_all(
-                &js,
-                SUBJECT,
-                &messages,
-                256,
-                Instant::now() + Duration::from_secs(180),
-            )
-            .await;
+            let (mut sent, mut resent) = (0, 0);
+            while sent < messages.len() {
+                let upto = *allowed.borrow_and_update();
+                if upto > sent {
+                    resent += publish_all(
+                        &js,
+                        SUBJECT,
+                        &messages[sent..upto],
+                        256,
+                        Instant::now() + Duration::from_secs(180),
+                    )
+                    .await;
+                    sent = upto;
+                } else if allowed.changed().await.is_err() {
+                    break;
+                }
+            }
             (resent, t.elapsed())
         })
     });
@@ -214,12 +268,11 @@ async fn run(plan: Plan) {
 
     let mut rng = Rng::new(SEED ^ 0x00C0_FFEE);
     let mut chaos = Chaos::default();
-    let mut next_kill: Option<Instant> = None;
     let mut receipts = 0i64;
     let mut idle_readings = 0;
     let mut last_progress = Instant::now();
     let consumed = loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         if let Some(p) = publisher.take_if(|p| p.is_finished()) {
             published = Some(p.await.expect("publisher"));
         }
@@ -240,7 +293,6 @@ async fn run(plan: Plan) {
         if let Ok(n) = probe.receipts(CONSUMER).await {
             receipts = n;
         }
-        let fraction = receipts as f64 / distinct as f64;
         // Consumption resumed after the broker restart: more receipts than
         // the deliveries already in the hosts at the restart account for.
         if let Some((at, before)) = chaos.nats_restarted
@@ -249,14 +301,16 @@ async fn run(plan: Plan) {
         {
             chaos.resumed_after = Some(at.elapsed());
         }
-        let quiet = chaos
-            .nats_restarted
-            .is_some_and(|(at, _)| at.elapsed() < QUIET_AFTER_NATS_RESTART);
-        if receipts > 0 && receipts < distinct && !quiet {
-            let now = Instant::now();
-            match next_kill {
-                None => next_kill = Some(now + kill_delay(&mut rng, plan.kill_every)),
-                Some(at) if now >= at => {
+        // The next fault, once its receipt count is in (a kill after the
+        // broker restart only once consumption resumed).
+        if let Some(&(at, fault)) = faults.front()
+            && receipts >= at
+            && (fault != Fault::Kill
+                || chaos.nats_restarted.is_none()
+                || chaos.resumed_after.is_some())
+        {
+            match fault {
+                Fault::Kill => {
                     let slot = rng.below(hosts.len() as u64) as usize;
                     let ended = hosts[slot].1.sigkill();
                     hosts[slot].1 = spawn(slot);
@@ -265,35 +319,36 @@ async fn run(plan: Plan) {
                         Some(s) => chaos.gone = add_stats(chaos.gone, s),
                         None => chaos.kills_without_stats += 1,
                     }
-                    next_kill = Some(now + kill_delay(&mut rng, plan.kill_every));
-                }
-                Some(_) => {}
-            }
-        }
-        if chaos.nats_restarts == 0 && fraction >= plan.nats_restart_at {
-            tokio::task::block_in_place(|| nats.restart());
-            chaos.nats_restarts += 1;
-            chaos.nats_restarted = Some((Instant::now(), receipts));
-            println!(
-                "chaos: nats-server restarted at {receipts}/{distinct} receipts ({:?})",
-                started.elapsed()
-            );
-        }
-        if let Some(at) = plan.terminate_at
-            && chaos.terminations == 0
-            && fraction >= at
-        {
-            match probe.terminate_backends(&db).await {
-                Ok(n) => {
-                    chaos.terminations += 1;
-                    chaos.backends_terminated = n;
                     println!(
-                        "chaos: terminated {n} PostgreSQL backends at {receipts}/{distinct} receipts ({:?})",
+                        "chaos: host{slot} SIGKILLed at {receipts}/{distinct} receipts ({:?})",
                         started.elapsed()
                     );
+                    faults.pop_front();
                 }
-                Err(e) => println!("chaos: pg_terminate_backend failed ({e}); trying again"),
+                Fault::NatsRestart => {
+                    tokio::task::block_in_place(|| nats.restart());
+                    chaos.nats_restarts += 1;
+                    chaos.nats_restarted = Some((Instant::now(), receipts));
+                    println!(
+                        "chaos: nats-server restarted at {receipts}/{distinct} receipts ({:?})",
+                        started.elapsed()
+                    );
+                    faults.pop_front();
+                }
+                Fault::TerminateBackends => match probe.terminate_backends(&db).await {
+                    Ok(n) => {
+                        chaos.terminations += 1;
+                        chaos.backends_terminated = n;
+                        println!(
+                            "chaos: terminated {n} PostgreSQL backends at {receipts}/{distinct} receipts ({:?})",
+                            started.elapsed()
+                        );
+                        faults.pop_front();
+                    }
+                    Err(e) => println!("chaos: pg_terminate_backend failed ({e}); trying again"),
+                },
             }
+            let _ = allow.send(allowed_for(faults.front()));
         }
         if last_progress.elapsed() >= Duration::from_secs(10) {
             last_progress = Instant::now();
@@ -425,21 +480,22 @@ async fn run(plan: Plan) {
             None => assert!(reason.contains("event_id"), "{reason}"),
         }
     }
-    assert!(
-        chaos.kills > 0 && chaos.nats_restarts == 1,
-        "the chaos did not happen"
+    // Every planned fault happened (the publisher waited for each).
+    assert_eq!(chaos.kills, plan.kills_at.len(), "SIGKILLs");
+    assert_eq!(chaos.nats_restarts, 1, "broker restarts");
+    assert_eq!(
+        chaos.terminations,
+        usize::from(plan.terminate_at.is_some()),
+        "backend terminations"
     );
     assert!(
         chaos
             .resumed_after
-            .is_some_and(|d| d < QUIET_AFTER_NATS_RESTART),
-        "the hosts did not resume consuming within {QUIET_AFTER_NATS_RESTART:?} of the broker \
+            .is_some_and(|d| d < RESUME_AFTER_NATS_RESTART),
+        "the hosts did not resume consuming within {RESUME_AFTER_NATS_RESTART:?} of the broker \
          restart (resumed after {:?})",
         chaos.resumed_after
     );
-    if plan.terminate_at.is_some() {
-        assert_eq!(chaos.terminations, 1);
-    }
 }
 
 /// The run's directory: deleted at the end unless the test fails or
@@ -460,8 +516,4 @@ impl Drop for Logs {
             eprintln!("chaos: config and host logs kept in {}", d.keep().display());
         }
     }
-}
-
-fn kill_delay(rng: &mut Rng, (lo, hi): (u64, u64)) -> Duration {
-    Duration::from_millis(rng.between(lo, hi))
 }
