@@ -267,6 +267,52 @@ fn a_token_file_authenticates_to_the_broker() {
     );
 }
 
+/// A token or password that looks like a number reaches the broker as the
+/// characters of its variable: `0123456789` is not the number 123456789,
+/// `00042` not 42; a value that reads as a float is no error that prints it.
+#[test]
+fn numeric_looking_secrets_from_the_environment_are_kept_verbatim() {
+    let run = |nats: &Nats, env: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("idem.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[broker]\nurl = \"nats://127.0.0.1:{}\"\n[database]\nurl = \"sqlite://{}/idem.db\"\n[[handler]]\nname = \"h\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n",
+                nats.port,
+                dir.path().display(),
+                guest("credit").display(),
+                root().join("examples/credit/migrations").display()
+            ),
+        )
+        .unwrap();
+        idem(&["run", "--drain", "--config", cfg.to_str().unwrap()], env)
+    };
+    let nats = Nats::start_with_config("authorization { token: \"0123456789\" }\n");
+    let (code, out, err) = run(&nats, &[("IDEM_BROKER__TOKEN", "0123456789")]);
+    assert_eq!((code, err.contains("refused")), (0, false), "{err}");
+    assert!(out.starts_with("handler h: delivered=0"), "{out}");
+
+    let nats = Nats::start_with_config(
+        "authorization { users = [ { user: \"0070\", password: \"00042\" } ] }\n",
+    );
+    let (code, _, err) = run(
+        &nats,
+        &[
+            ("IDEM_BROKER__USER", "0070"),
+            ("IDEM_BROKER__PASSWORD", "00042"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+
+    let (dir, path) = config("[broker]\nurl = \"nats://127.0.0.1:4222\"\nuser = \"u\"\n");
+    let (code, out, err) = check(&path, &[("IDEM_BROKER__PASSWORD", "31337.25")]);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+    assert!(sections(&out).contains("password = \"***\"\n"), "{out}");
+    assert!(!out.contains("31337"), "{out}");
+    drop(dir);
+}
+
 /// `--log-format json`: every stderr line is a JSON object, and a line
 /// logged inside a delivery (here the retry of its first delivery) carries
 /// the `delivery` span's handler, stream sequence, delivery count and

@@ -17,7 +17,7 @@ use super::{
 use crate::secret::redact_url;
 use figment::Figment;
 use figment::error::{Actual, Kind};
-use figment::providers::{Env, Format as _, Toml};
+use figment::providers::{Env, Format as _, Serialized, Toml};
 use figment::value::{Dict, Value};
 use serde::de::DeserializeOwned;
 use std::fmt;
@@ -30,6 +30,31 @@ pub const ENV_PREFIX: &str = "IDEM_";
 pub const ENV_SECTIONS: [&str; 5] = ["broker", "database", "service", "runtime", "deploy"];
 /// Between the section and the key in a variable's name.
 const ENV_SEPARATOR: &str = "__";
+/// The keys of text and path values: their variables are taken as the text
+/// they hold, whatever it looks like. figment reads a variable as TOML would
+/// (`0123456789` as the number 123456789, `31337.25` as a float), which
+/// would change a token or a password on its way in, or fail and print it.
+const VERBATIM_KEYS: [&str; 19] = [
+    "broker.url",
+    "broker.token",
+    "broker.token_file",
+    "broker.user",
+    "broker.password",
+    "broker.password_file",
+    "broker.nkey_seed",
+    "broker.nkey_seed_file",
+    "broker.creds_file",
+    "broker.tls_ca_file",
+    "broker.tls_cert_file",
+    "broker.tls_key_file",
+    "database.url",
+    "database.password_file",
+    "runtime.cache_dir",
+    "deploy.modules_bucket",
+    "deploy.deployments_bucket",
+    "deploy.hosts_bucket",
+    "service.listen",
+];
 /// The top-level keys of the file.
 const SECTIONS: [&str; 6] = [
     "broker", "database", "service", "runtime", "deploy", "handler",
@@ -79,6 +104,22 @@ fn config_env() -> Env {
         .split(ENV_SEPARATOR)
 }
 
+/// The config file and over it the environment: the variables of
+/// [`VERBATIM_KEYS`] as text, the others as figment reads them.
+fn layered(text: &str, env: &Env) -> Figment {
+    // Filters added after `split` see the dotted key.
+    let parsed = env
+        .clone()
+        .filter(|key| !VERBATIM_KEYS.contains(&key.as_str()));
+    let mut figment = Figment::new().merge(Toml::string(text)).merge(parsed);
+    for (key, value) in env.iter() {
+        if VERBATIM_KEYS.contains(&key.as_str()) {
+            figment = figment.merge(Serialized::default(key.as_str(), value));
+        }
+    }
+    figment
+}
+
 /// The variable that sets `key` (a dotted path, `database.url`).
 fn var_name(key: &str) -> String {
     format!(
@@ -99,7 +140,7 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
         env_keys: env.iter().map(|(k, _)| k.as_str().to_owned()).collect(),
         problems: misnamed_vars(),
     };
-    let figment = Figment::new().merge(Toml::string(&text)).merge(env);
+    let figment = layered(&text, &env);
     let root = match figment.extract::<Dict>() {
         Ok(root) => root,
         Err(e) => {
