@@ -7,12 +7,16 @@
 //! ([`ComponentSlot::swap`]) affects only deliveries that start after it;
 //! the old component is dropped when the last delivery holding it ends.
 //!
+//! The slot keeps `idem_handler_info` ([`crate::handler_info`]) on what it
+//! holds: the current digest reads 1, the one it replaced last reads 0, and
+//! no older version keeps a series.
+//!
 //! A version that fails to load on this host is remembered
 //! ([`ComponentSlot::refuse`]) so it is reported once and shown in status,
 //! while the current component keeps running.
 
-use crate::metrics::HANDLER_LABEL;
-use crate::runtime::{HandlerComponent, WIT_PACKAGE};
+use crate::handler_info;
+use crate::runtime::HandlerComponent;
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -39,8 +43,10 @@ pub struct Refused {
 }
 
 impl ComponentSlot {
-    /// A slot for handler `handler` holding `component`.
+    /// A slot for handler `handler` holding `component`; its
+    /// `idem_handler_info` series is that component's digest alone.
     pub fn new(handler: &str, component: Arc<HandlerComponent>) -> Self {
+        handler_info::running(handler, component.digest());
         ComponentSlot {
             handler: Arc::from(handler),
             current: ArcSwap::new(component),
@@ -55,15 +61,13 @@ impl ComponentSlot {
     }
 
     /// Puts `next` in place for every delivery that starts from now on,
-    /// moves `idem_handler_info` to its digest (the old series reads 0),
-    /// forgets a refused version, and returns the component it replaced.
+    /// moves `idem_handler_info` to its digest (the replaced one reads 0,
+    /// any older one is removed), forgets a refused version, and returns
+    /// the component it replaced.
     pub fn swap(&self, next: Arc<HandlerComponent>) -> Arc<HandlerComponent> {
         let digest = next.digest().to_owned();
         let old = self.current.swap(next);
-        if old.digest() != digest {
-            self.info(old.digest(), 0.0);
-            self.info(&digest, 1.0);
-        }
+        handler_info::swapped(&self.handler, old.digest(), &digest);
         if let Ok(mut refused) = self.refused.lock() {
             *refused = None;
         }
@@ -102,16 +106,6 @@ impl ComponentSlot {
         if let Ok(mut refused) = self.refused.lock() {
             *refused = None;
         }
-    }
-
-    fn info(&self, digest: &str, value: f64) {
-        metrics::gauge!(
-            "idem_handler_info",
-            HANDLER_LABEL => self.handler.to_string(),
-            "digest" => digest.to_owned(),
-            "wit" => WIT_PACKAGE
-        )
-        .set(value);
     }
 }
 

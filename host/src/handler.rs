@@ -24,9 +24,7 @@
 use crate::component_slot::ComponentSlot;
 use crate::config::HandlerConfig;
 use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
-use crate::runtime::{
-    GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime, WIT_PACKAGE,
-};
+use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
 use crate::store::{Database, Receipt, StoreError, Tx};
 use std::sync::Arc;
@@ -111,8 +109,6 @@ impl PreparedHandler {
         };
         let stats = Arc::new(HandlerStats::new(HandlerIdentity {
             name: &cfg.name,
-            digest: component.digest(),
-            wit: WIT_PACKAGE,
             retention: cfg.retention,
         }));
         Self {

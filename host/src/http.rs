@@ -1,6 +1,6 @@
 //! The HTTP listener of `idem run` (`[service] listen`): `/healthz`,
 //! `/readyz` and `/metrics` (Prometheus text, the metrics of
-//! [`crate::metrics`]).
+//! [`crate::metrics`] and [`crate::handler_info`]).
 //!
 //! The listener is bound before the host starts, so a bad address stops the
 //! start at once, and it answers from then on: `/readyz` says "starting"
@@ -149,10 +149,9 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
+/// The recorder's metrics, then `idem_handler_info` ([`crate::handler_info`]).
 async fn render(State(shared): State<Arc<Shared>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        shared.metrics.render(),
-    )
-        .into_response()
+    let mut body = shared.metrics.render();
+    crate::handler_info::render(&mut body);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

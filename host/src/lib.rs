@@ -20,6 +20,7 @@ pub mod db_gate;
 pub mod deploy;
 pub mod fault;
 pub mod handler;
+pub mod handler_info;
 pub mod http;
 pub mod message_id;
 pub mod metrics;

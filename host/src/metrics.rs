@@ -120,11 +120,6 @@ const GAUGES: &[(&str, Option<Unit>, &str)] = &[
         Some(Unit::Seconds),
         "The handler's retention window.",
     ),
-    (
-        "idem_handler_info",
-        None,
-        "1 per handler, labelled with its component's sha256 digest and WIT package.",
-    ),
 ];
 
 /// Upper bounds (seconds) of the histograms' buckets: 1 ms to 1 h.
@@ -245,17 +240,13 @@ pub struct HandlerStats {
     instruments: Instruments,
 }
 
-/// What describes a handler in `idem_handler_info` and
-/// `idem_retention_seconds`.
+/// What describes a handler in its metrics (`idem_handler_info`, which
+/// names its component, is [`crate::handler_info`]'s).
 #[derive(Debug, Clone, Copy)]
 pub struct HandlerIdentity<'a> {
     /// The handler's name (the `handler` label).
     pub name: &'a str,
-    /// Hex SHA-256 of its component.
-    pub digest: &'a str,
-    /// The WIT package its component implements, e.g. `idem:handler@0.1.0`.
-    pub wit: &'a str,
-    /// Its retention window.
+    /// Its retention window (`idem_retention_seconds`).
     pub retention: Duration,
 }
 
@@ -281,13 +272,11 @@ impl Drop for InFlight {
 }
 
 impl Default for HandlerStats {
-    /// The stats of a handler without a name, digest or retention (for
+    /// The stats of a handler without a name or retention (for
     /// tests that call the runtime directly).
     fn default() -> Self {
         Self::new(HandlerIdentity {
             name: "",
-            digest: "",
-            wit: "",
             retention: Duration::ZERO,
         })
     }
@@ -296,19 +285,12 @@ impl Default for HandlerStats {
 impl HandlerStats {
     /// Zeroed counters for the handler `id.name`, its instruments
     /// registered with the installed recorder (none: they do nothing), and
-    /// `idem_handler_info` and `idem_retention_seconds` set.
+    /// `idem_retention_seconds` set.
     pub fn new(id: HandlerIdentity<'_>) -> Self {
         let handler = id.name;
         let gauge = |name: &'static str| metrics::gauge!(name, HANDLER_LABEL => handler.to_owned());
         let histogram =
             |name: &'static str| metrics::histogram!(name, HANDLER_LABEL => handler.to_owned());
-        metrics::gauge!(
-            "idem_handler_info",
-            HANDLER_LABEL => handler.to_owned(),
-            "digest" => id.digest.to_owned(),
-            "wit" => id.wit.to_owned()
-        )
-        .set(1.0);
         gauge("idem_retention_seconds").set(id.retention.as_secs_f64());
         Self {
             delivered: Count::new("idem_deliveries_total", handler),
@@ -464,8 +446,6 @@ mod tests {
     fn counters_count_without_a_recorder() {
         let s = HandlerStats::new(HandlerIdentity {
             name: "h",
-            digest: "d",
-            wit: "idem:handler@0.1.0",
             retention: Duration::from_secs(60),
         });
         HandlerStats::incr(&s.processed);

@@ -130,7 +130,7 @@ fn wasi_imports_load_with_the_option() {
     assert!(RUNTIME.load(&probe, WASI).unwrap().wasi());
     let (err, _) = load_err_with(&probe, PLAIN);
     assert!(
-        matches!(err, LoadError::WasiNotEnabled { others: 23, .. }),
+        matches!(err, LoadError::WasiNotEnabled { others: 26, .. }),
         "{err:?}"
     );
 }

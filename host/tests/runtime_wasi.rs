@@ -1,7 +1,9 @@
 //! The WASI opt-in (`wasi = true`): a guest built for wasm32-wasip2 runs in an
 //! empty WASI context against a real SQLite file: no environment, arguments,
 //! files, stdin or network; stdout/stderr go to the guest log under the
-//! per-message cap, tagged with the handler and message id.
+//! per-message cap, tagged with the handler and message id; the wall clock
+//! reads the message's publish time and the random sources are seeded from
+//! (handler, message id).
 //!
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -70,6 +72,9 @@ fn invocation(handler: &str, message_id: &str, limits: Limits) -> Invocation {
     }
 }
 
+/// When [`message`]'s messages were published (ms since the epoch).
+const PUBLISHED_MS: i64 = 1_700_000_000_123;
+
 fn message(message_id: &str, payload: &Json) -> GuestMessage {
     GuestMessage {
         message_id: message_id.into(),
@@ -78,8 +83,41 @@ fn message(message_id: &str, payload: &Json) -> GuestMessage {
         payload: payload.to_string().into_bytes(),
         stream_sequence: 1,
         delivery_count: 1,
-        published_ms: 1_700_000_000_000,
+        published_ms: PUBLISHED_MS,
     }
+}
+
+/// What the probe reports of its random sources for `message_id` under
+/// `handler`: 16 bytes of ChaCha20 keyed with SHA-256(handler, 0, message
+/// id) on stream 0 (`random`) and 1 (`insecure`), each byte the low byte of
+/// a 32-bit word as wasmtime-wasi draws them, and stream 2's first two
+/// `u64`s as the insecure seed.
+fn seeded(handler: &str, message_id: &str) -> Json {
+    use chacha20::ChaCha20Rng;
+    use chacha20::rand_core::{Rng as _, SeedableRng as _};
+    use sha2::{Digest as _, Sha256};
+    let seed: [u8; 32] = Sha256::new()
+        .chain_update(handler)
+        .chain_update([0u8])
+        .chain_update(message_id)
+        .finalize()
+        .into();
+    let sixteen = |rng: &mut ChaCha20Rng| -> String {
+        (0..16)
+            .map(|_| format!("{:02x}", rng.next_u32() as u8))
+            .collect()
+    };
+    let mut random = ChaCha20Rng::from_seed(seed);
+    let mut insecure = ChaCha20Rng::from_seed(seed);
+    insecure.set_stream(1);
+    let mut seeder = ChaCha20Rng::from_seed(seed);
+    seeder.set_stream(2);
+    let (lo, hi) = (seeder.next_u64(), seeder.next_u64());
+    json!({
+        "random": sixteen(&mut random),
+        "insecure": sixteen(&mut insecure),
+        "insecure_seed": format!("{lo}:{hi}"),
+    })
 }
 
 /// One message as the pipeline runs it: BEGIN, receipt first (a duplicate
@@ -97,7 +135,7 @@ async fn process(
         message_id: &call.message_id,
         stream_sequence: 1,
         module_digest: module.digest(),
-        published_ms: 1_700_000_000_000,
+        published_ms: PUBLISHED_MS,
     };
     if !tx.insert_receipt(&receipt).await.unwrap() {
         tx.rollback().await.unwrap();
@@ -117,13 +155,29 @@ async fn process(
 /// Runs the probe for one message with the default limits, outside any
 /// receipt: what it returns.
 async fn probe(db: &Db, limits: Limits, payload: Json) -> Result<(), HandlerFailure> {
-    let call = invocation("wasi-probe", "evt-1", limits);
+    probe_as(db, "wasi-probe", message("evt-1", &payload), limits).await
+}
+
+/// [`probe`] of `msg` under handler `handler`.
+async fn probe_as(
+    db: &Db,
+    handler: &str,
+    msg: GuestMessage,
+    limits: Limits,
+) -> Result<(), HandlerFailure> {
+    let call = invocation(handler, &msg.message_id, limits);
     let tx = db.db.begin().await.unwrap();
-    let (result, tx) = RUNTIME
-        .handle(&PROBE, &call, tx, message("evt-1", &payload))
-        .await;
+    let (result, tx) = RUNTIME.handle(&PROBE, &call, tx, msg).await;
     tx.rollback().await.unwrap();
     result
+}
+
+/// The probe's report for `msg` under `handler`.
+async fn report(db: &Db, handler: &str, msg: GuestMessage) -> Json {
+    match probe_as(db, handler, msg, Limits::default()).await {
+        Err(HandlerFailure::Reject(r)) => serde_json::from_str(&r).unwrap(),
+        other => panic!("expected the probe's report, got {other:?}"),
+    }
 }
 
 /// Captures this thread's `idem::guest` log lines (no time, no colours) while
@@ -216,11 +270,8 @@ async fn credit_built_for_wasip2_commits_with_wasi() {
 #[tokio::test]
 async fn the_context_is_empty() {
     let db = db().await;
-    let reason = match probe(&db, Limits::default(), json!({"op": "probe"})).await {
-        Err(HandlerFailure::Reject(r)) => r,
-        other => panic!("expected the probe's report, got {other:?}"),
-    };
-    let seen: Json = serde_json::from_str(&reason).unwrap();
+    let seen = report(&db, "wasi-probe", message("evt-1", &json!({"op": "probe"}))).await;
+    let random = seeded("wasi-probe", "evt-1");
     assert_eq!(
         seen,
         json!({
@@ -236,9 +287,53 @@ async fn the_context_is_empty() {
             "tcp_connect": {"err": "PermissionDenied"},
             "udp_bind": {"err": "PermissionDenied"},
             "dns": {"err": "Uncategorized"},
-            "wall_clock_after_2020": true,
+            // The publish time, to the millisecond.
+            "wall_clock_ns": 1_700_000_000_123_000_000_u64,
+            "random": random["random"],
+            "insecure": random["insecure"],
+            "insecure_seed": random["insecure_seed"],
         })
     );
+}
+
+/// The clock and the random sources are a function of the message: the
+/// same message under the same handler reports the same values; another
+/// message id or another handler other random values; another publish
+/// time another wall clock.
+#[tokio::test]
+async fn clocks_and_random_are_the_messages() {
+    let db = db().await;
+    let probe = json!({"op": "probe"});
+    let keys = ["wall_clock_ns", "random", "insecure", "insecure_seed"];
+    let pick = |j: &Json| -> Vec<Json> { keys.iter().map(|k| j[k].clone()).collect() };
+    let first = pick(&report(&db, "h", message("m-1", &probe)).await);
+    let again = pick(&report(&db, "h", message("m-1", &probe)).await);
+    assert_eq!(first, again);
+    let s = seeded("h", "m-1");
+    assert_eq!(
+        first,
+        [
+            json!(1_700_000_000_123_000_000_u64),
+            s["random"].clone(),
+            s["insecure"].clone(),
+            s["insecure_seed"].clone()
+        ]
+    );
+    // Another message id, another handler: every random source differs.
+    for (handler, id) in [("h", "m-2"), ("h2", "m-1")] {
+        let other = pick(&report(&db, handler, message(id, &probe)).await);
+        assert_eq!(other[0], first[0]);
+        for i in 1..4 {
+            assert_ne!(other[i], first[i], "{handler} {id}: {}", keys[i]);
+        }
+        assert_eq!(other[1..], pick(&seeded(handler, id))[1..]);
+    }
+    // Another publish time: that wall clock, the same random values.
+    let mut later = message("m-1", &probe);
+    later.published_ms = 1_800_000_000_000;
+    let later = pick(&report(&db, "h", later).await);
+    assert_eq!(later[0], json!(1_800_000_000_000_000_000_u64));
+    assert_eq!(later[1..], first[1..]);
 }
 
 #[tokio::test]
@@ -314,6 +409,22 @@ async fn a_sleeping_guest_is_stopped_by_the_deadline() {
         Err(HandlerFailure::Trap("exceeded the 300ms deadline".into()))
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+/// Sleeping on the monotonic clock (which starts at the call) still waits
+/// as long as asked.
+#[tokio::test]
+async fn a_short_sleep_returns_after_its_time() {
+    let db = db().await;
+    LazyLock::force(&PROBE);
+    let start = Instant::now();
+    let r = probe(&db, Limits::default(), json!({"op": "sleep", "ms": 200})).await;
+    let took = start.elapsed();
+    assert_eq!(r, Ok(()));
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(3),
+        "took {took:?}"
+    );
 }
 
 #[tokio::test]

@@ -109,6 +109,29 @@ pub fn test_batch_line(extra: &str) -> String {
     }
 }
 
+/// `bytes` (a component) with a custom section `idem-test` holding `tag`
+/// appended: another digest, the same code.
+pub fn with_custom_section(bytes: &[u8], tag: &str) -> Vec<u8> {
+    let name = b"idem-test";
+    let payload = tag.as_bytes();
+    let size = 1 + name.len() + payload.len();
+    assert!(size < 128 && name.len() < 128);
+    let mut out = bytes.to_vec();
+    out.extend_from_slice(&[0, size as u8, name.len() as u8]);
+    out.extend_from_slice(name);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Replaces `path` with `bytes` the way a deploy script does: write a
+/// temporary file beside it, then rename it over (a watching host never
+/// reads half a file).
+pub fn replace_file(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// A credit event payload.
 pub fn credit(event_id: &str, account: i64, amount: i64) -> String {
     serde_json::json!({"event_id": event_id, "account_id": account, "amount": amount}).to_string()

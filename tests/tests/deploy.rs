@@ -41,19 +41,6 @@ fn deploy(cfg: &Path, args: &[&str]) -> (i32, String, String) {
     idem_cli(&all, &[])
 }
 
-/// `bytes` with a custom section appended: another digest, the same code.
-fn with_custom_section(bytes: &[u8], tag: &str) -> Vec<u8> {
-    let name = b"idem-test";
-    let payload = tag.as_bytes();
-    let size = 1 + name.len() + payload.len();
-    assert!(size < 128 && name.len() < 128);
-    let mut out = bytes.to_vec();
-    out.extend_from_slice(&[0, size as u8, name.len() as u8]);
-    out.extend_from_slice(name);
-    out.extend_from_slice(payload);
-    out
-}
-
 /// The credit component with a core start function that traps: it loads
 /// and links, and fails as soon as it is instantiated. Made from the
 /// credit guest's core module with wasm-tools (print, add the start

@@ -212,9 +212,9 @@ fn credit_wasip2() {
     assert_loads(&b.path, WASI, true);
 }
 
-/// The WASI probe: `types` and `log` (it runs no SQL) and every WASI
-/// interface the host links but `wasi:random`; refused without `wasi =
-/// true`, loaded with it.
+/// The WASI probe: the idem world's imports and every WASI interface the
+/// host links (`wasi:random` through its own bindings); refused without
+/// `wasi = true`, loaded with it.
 #[test]
 fn wasi_probe() {
     let b = built("wasi-probe");
@@ -230,10 +230,13 @@ fn wasi_probe() {
         "wasi:sockets/tcp@0.2.6",
         "wasi:sockets/tcp-create-socket@0.2.6",
         "wasi:sockets/ip-name-lookup@0.2.6",
+        "wasi:random/random@0.2.6",
+        "wasi:random/insecure@0.2.6",
+        "wasi:random/insecure-seed@0.2.6",
     ];
     assert_eq!(
         b.imports,
-        set(["idem:handler/types@0.1.0", "idem:handler/log@0.1.0"]
+        set(IDEM_IMPORTS
             .into_iter()
             .chain(WASIP2_STD_IMPORTS)
             .chain(probe_wasi))
@@ -247,7 +250,7 @@ fn wasi_probe() {
     };
     assert_eq!(
         (path, name.as_str(), *others),
-        (&b.path, "wasi:io/poll@0.2.6", 23)
+        (&b.path, "wasi:random/random@0.2.6", 26)
     );
     assert_loads(&b.path, WASI, true);
 }

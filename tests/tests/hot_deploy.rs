@@ -36,14 +36,6 @@ fn config(
     cfg
 }
 
-/// Replaces `path` with `bytes` the way a deploy script does: write a
-/// temporary file beside it, then rename it over.
-fn replace(path: &Path, bytes: &[u8]) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// Each receipt's message id and the digest of the component that applied it.
 async fn receipt_digests(db: &TestDb) -> Vec<(String, String)> {
     use sqlx::Row;
@@ -106,7 +98,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
     }
     host.wait_for("h", "v1 credits", |s| s.processed == 2).await;
 
-    replace(&module, &v2);
+    replace_file(&module, &v2);
     eventually("v2 in place", || slot.current().digest() == d2).await;
     for (id, amount) in [("e3", 4), ("e4", 8)] {
         publish(&js, "accounts.credit", &credit(id, 1, amount), &[]).await;
@@ -131,7 +123,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
     publish(&js, "accounts.credit", &credit("e5", 1, 16), &[]).await;
     host.wait_for("h", "e5 on v2", |s| s.processed == 5).await;
 
-    replace(&module, &v1);
+    replace_file(&module, &v1);
     eventually("v1 back", || slot.current().digest() == d1).await;
     assert_eq!(slot.refused(), None);
     publish(&js, "accounts.credit", &credit("e6", 1, 32), &[]).await;

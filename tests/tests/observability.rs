@@ -230,6 +230,101 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The handler's `idem_handler_info` series as (digest, value), by value
+/// (1 first), each checked to name the handler and the WIT package.
+fn info_series(m: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    let mut series: Vec<(String, f64)> = m
+        .iter()
+        .filter_map(|(k, v)| {
+            let labels = k.strip_prefix("idem_handler_info{")?.strip_suffix('}')?;
+            let prefix = format!("handler=\"{HANDLER}\",digest=\"");
+            let (digest, rest) = labels.strip_prefix(&prefix)?.split_once('"')?;
+            assert_eq!(rest, ",wit=\"idem:handler@0.1.0\"", "{k}");
+            Some((digest.to_string(), *v))
+        })
+        .collect();
+    let all = m
+        .keys()
+        .filter(|k| k.starts_with("idem_handler_info"))
+        .count();
+    assert_eq!(all, series.len(), "{m:?}");
+    series.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    series
+}
+
+/// Polls `/metrics` until `digest` is the handler's current version (60 s
+/// at most); the series then.
+async fn until_running(host: &mut HostProcess, port: u16, digest: &str) -> Vec<(String, f64)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let series = info_series(&scrape(port));
+        if series
+            .first()
+            .is_some_and(|(d, v)| d == digest && *v == 1.0)
+        {
+            return series;
+        }
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "{digest} never became current (last {series:?}); log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Five components swapped in back to back (`watch = true`, the module file
+/// rewritten each time with another custom section: same code, another
+/// digest): after each swap `/metrics` has exactly two `idem_handler_info`
+/// series, the new digest reading 1 and the one it replaced 0, whatever
+/// ran before. Back to the version just left, the two trade values.
+#[tokio::test]
+async fn handler_info_keeps_the_current_and_the_left_version_only() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let original = std::fs::read(guest("behave")).unwrap();
+    let module = dir.path().join("handler.wasm");
+    std::fs::write(&module, &original).unwrap();
+    let cfg = config_with(dir.path(), &nats, &db, port, "watch = true\n");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &guest("behave").display().to_string(),
+        &module.display().to_string(),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "host");
+    until_status(&mut host, port, "/readyz", 200).await;
+    let version = |i: usize| with_custom_section(&original, &format!("v{i}"));
+    let digest = |bytes: &[u8]| hex(&sha2::Sha256::digest(bytes));
+    let d0 = digest(&original);
+    assert_eq!(info_series(&scrape(port)), vec![(d0.clone(), 1.0)]);
+
+    let mut left = d0;
+    for i in 1..=5 {
+        let next = version(i);
+        let d = digest(&next);
+        replace_file(&module, &next);
+        let series = until_running(&mut host, port, &d).await;
+        assert_eq!(
+            series,
+            vec![(d.clone(), 1.0), (left.clone(), 0.0)],
+            "swap {i}"
+        );
+        left = d;
+    }
+    let (d4, d5) = (digest(&version(4)), left);
+    replace_file(&module, &version(4));
+    let series = until_running(&mut host, port, &d4).await;
+    assert_eq!(series, vec![(d4, 1.0), (d5, 0.0)]);
+
+    // The help and type lines come once, with the series.
+    let (_, body) = get(port, "/metrics").unwrap();
+    assert_eq!(body.matches("# TYPE idem_handler_info gauge\n").count(), 1);
+    let ended = host.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_broker() {
     let mut nats = Nats::start();

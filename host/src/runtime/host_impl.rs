@@ -1,6 +1,7 @@
 //! What a guest can reach: the `transaction` and `log` imports, bounded by the
 //! message's [`Limits`], the memory limiter, and (for a module loaded with
-//! WASI) the empty WASI context. One [`HostState`] per message; it owns the
+//! WASI) the empty WASI context, whose clocks and random sources are the
+//! message's ([`super::wasi`]). One [`HostState`] per message; it owns the
 //! message's transaction while the guest runs.
 
 // Guest- and message-supplied bytes are read with `get`, iterators and
@@ -11,7 +12,7 @@
 use super::Limits;
 use super::bindings::{DbError, Level, Rows, Value, idem::handler};
 use super::guest_log::LogSink;
-use super::wasi::WasiState;
+use super::wasi::{MessageInputs, WasiState};
 use crate::metrics::HandlerStats;
 use crate::sql_guard::SqlGuard;
 use crate::store::{DbErrorKind, SqlValue, StatementError, Tx};
@@ -43,6 +44,8 @@ pub(crate) struct HostState {
     /// The WASI context, built on the first WASI call. Only a module loaded
     /// with WASI can make one.
     wasi: Option<Box<WasiState>>,
+    /// What the message gives the WASI context (its clocks and random seed).
+    wasi_inputs: MessageInputs,
     pub(crate) stop: Option<Stop>,
     /// The handler's counters (`unique_violations`).
     stats: Arc<HandlerStats>,
@@ -58,6 +61,12 @@ impl HostState {
         deadline: Instant,
         stats: Arc<HandlerStats>,
     ) -> Self {
+        let wasi_inputs = MessageInputs {
+            consumer: handler.clone(),
+            message_id: message_id.clone(),
+            published_ms: 0,
+            started: Instant::now(),
+        };
         let log = LogSink::new(handler, message_id, limits.max_log_bytes);
         Self {
             tx,
@@ -68,9 +77,18 @@ impl HostState {
             result_bytes: 0,
             log,
             wasi: None,
+            wasi_inputs,
             stop: None,
             stats,
         }
+    }
+
+    /// The message was published at `published_ms` (ms since the Unix
+    /// epoch, the broker's clock): what a WASI guest's wall clock reads.
+    /// Without it the wall clock reads the epoch.
+    pub(crate) fn published_at(mut self, published_ms: i64) -> Self {
+        self.wasi_inputs.published_ms = published_ms;
+        self
     }
 
     /// Checks the statement budget, the parameters' size and the SQL text
@@ -199,9 +217,9 @@ impl handler::log::Host for HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let log = &self.log;
+        let (log, inputs) = (&self.log, &self.wasi_inputs);
         self.wasi
-            .get_or_insert_with(|| Box::new(WasiState::new(log)))
+            .get_or_insert_with(|| Box::new(WasiState::new(log, inputs)))
             .view()
     }
 }

@@ -457,7 +457,8 @@ impl Runtime {
             limits.clone(),
             deadline,
             call.stats.clone(),
-        );
+        )
+        .published_at(msg.published_ms);
         let (result, state) = match &component.code {
             Code::Wasm(pre) => self.run_wasm(pre, state, deadline, msg, &limits).await,
             #[cfg(feature = "native-handler")]

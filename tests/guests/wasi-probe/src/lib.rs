@@ -2,8 +2,12 @@
 //! host only with `wasi = true`. The payload chooses what it does:
 //!
 //! - `probe`: tries the environment, arguments, files, stdin, sockets and
-//!   name lookup, and rejects with a JSON object saying what it saw, so a test
-//!   can assert exact values.
+//!   name lookup, reads the wall clock and the three random sources, and
+//!   rejects with a JSON object saying what it saw, so a test can assert
+//!   exact values.
+//! - `record`: inserts what the wall clock and the random sources give into
+//!   `wasi_seen (message_id, wall_ns, random, insecure, insecure_seed)`
+//!   (hex text for the bytes, `<low>:<high>` for the seed), then succeeds.
 //! - `print` `{stdout, stderr, lines?, log?}`: writes the line `stdout` to
 //!   stdout and `stderr` to stderr, each `lines` times (default 1), after
 //!   logging `log` through the `log` interface when given; then succeeds.
@@ -13,11 +17,69 @@
 //!
 //! Anything else rejects with a reason starting `bad payload`.
 
-use idem_guest::{Handler, HandlerError, Message};
+use idem_guest::{Handler, HandlerError, Message, params, tx};
 use serde_json::{Value as Json, json};
 use std::io::{Read, Write};
 
+/// `wasi:random`, which Rust's standard library does not reach for a
+/// guest's own use.
+#[allow(missing_docs)]
+mod wasi_random {
+    wit_bindgen::generate!({
+        inline: "
+            package idem:wasi-probe;
+
+            world random {
+                import wasi:random/random@0.2.6;
+                import wasi:random/insecure@0.2.6;
+                import wasi:random/insecure-seed@0.2.6;
+            }
+
+            package wasi:random@0.2.6 {
+                interface random {
+                    get-random-bytes: func(len: u64) -> list<u8>;
+                    get-random-u64: func() -> u64;
+                }
+                interface insecure {
+                    get-insecure-random-bytes: func(len: u64) -> list<u8>;
+                    get-insecure-random-u64: func() -> u64;
+                }
+                interface insecure-seed {
+                    insecure-seed: func() -> tuple<u64, u64>;
+                }
+            }
+        ",
+        world: "idem:wasi-probe/random",
+        generate_all,
+    });
+}
+
+use wasi_random::wasi::random::{insecure, insecure_seed, random};
+
 struct Probe;
+
+/// How many bytes `probe` and `record` ask of each random source.
+const RANDOM_BYTES: u64 = 16;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the clock and the random sources give: (wall clock in ns since the
+/// epoch, random hex, insecure hex, insecure seed as `<low>:<high>`).
+fn seen() -> (u64, String, String, String) {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let (lo, hi) = insecure_seed::insecure_seed();
+    (
+        wall,
+        hex(&random::get_random_bytes(RANDOM_BYTES)),
+        hex(&insecure::get_insecure_random_bytes(RANDOM_BYTES)),
+        format!("{lo}:{hi}"),
+    )
+}
 
 /// An I/O result as JSON: `{"ok": ...}` or `{"err": "<ErrorKind>"}`.
 fn outcome<T>(r: std::io::Result<T>, ok: impl FnOnce(T) -> Json) -> Json {
@@ -29,6 +91,7 @@ fn outcome<T>(r: std::io::Result<T>, ok: impl FnOnce(T) -> Json) -> Json {
 
 fn probe() -> Json {
     let mut stdin = Vec::new();
+    let (wall, random, insecure, seed) = seen();
     json!({
         "env": std::env::vars_os().count(),
         "args": std::env::args_os().count(),
@@ -41,10 +104,10 @@ fn probe() -> Json {
         "tcp_connect": outcome(std::net::TcpStream::connect("127.0.0.1:4222"), |_| json!(null)),
         "udp_bind": outcome(std::net::UdpSocket::bind("127.0.0.1:0"), |_| json!(null)),
         "dns": outcome(std::net::ToSocketAddrs::to_socket_addrs(&("localhost", 80)), |a| json!(a.count())),
-        "wall_clock_after_2020": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() > 1_577_836_800)
-            .unwrap_or(false),
+        "wall_clock_ns": wall,
+        "random": random,
+        "insecure": insecure,
+        "insecure_seed": seed,
     })
 }
 
@@ -58,6 +121,15 @@ impl Handler for Probe {
             .map_err(|e| HandlerError::reject(format!("bad payload: {e}")))?;
         match text(&p, "op").unwrap_or_default() {
             "probe" => Err(HandlerError::Reject(probe().to_string())),
+            "record" => {
+                let (wall, random, insecure, seed) = seen();
+                let wall = i64::try_from(wall).map_err(HandlerError::reject)?;
+                tx::execute(
+                    "INSERT INTO wasi_seen (message_id, wall_ns, random, insecure, insecure_seed) VALUES ($1, $2, $3, $4, $5)",
+                    params![msg.identity.as_str(), wall, random, insecure, seed],
+                )?;
+                Ok(())
+            }
             "print" => {
                 if let Some(line) = text(&p, "log") {
                     idem_guest::log::info(line);

@@ -1,0 +1,188 @@
+//! The `idem_handler_info` series: which component each handler runs now
+//! (value 1) and the one it ran before its last swap (value 0), labelled
+//! `handler`, `digest` (hex SHA-256 of the component) and `wit` (the WIT
+//! package, [`WIT_PACKAGE`]).
+//!
+//! A handler has at most these two series, however many versions it is
+//! swapped through (ARCHITECTURE.md, "Code map", `metrics.rs`). They are
+//! kept here rather than in the Prometheus recorder of [`crate::metrics`],
+//! which cannot remove one series of a metric, and rendered after the
+//! recorder's output on `/metrics` ([`render`], called by [`crate::http`]).
+//! [`crate::component_slot::ComponentSlot`] sets them: when it is made
+//! ([`running`]) and at every swap ([`swapped`]).
+//!
+//! Like the `metrics` facade's recorder the registry is process-wide; a
+//! process that serves no `/metrics` (an admin command, an in-process test
+//! host) keeps one small entry per handler it prepared and never reads it.
+
+use crate::runtime::WIT_PACKAGE;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, PoisonError};
+
+/// The metric's name.
+pub const NAME: &str = "idem_handler_info";
+
+/// Its help text.
+const HELP: &str = "1 per handler for the component it runs (sha256 digest, WIT package); 0 for the one it ran before its last swap.";
+
+/// The versions of one handler that have a series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Versions {
+    /// The digest it runs now.
+    current: String,
+    /// The digest it ran before the last swap, if any.
+    left: Option<String>,
+}
+
+/// Every handler's versions, by handler name.
+static SERIES: Mutex<BTreeMap<String, Versions>> = Mutex::new(BTreeMap::new());
+
+fn with_series<R>(f: impl FnOnce(&mut BTreeMap<String, Versions>) -> R) -> R {
+    // A panic while holding the lock leaves a map that is whole either way.
+    let mut series = SERIES.lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut series)
+}
+
+/// `handler` runs the component `digest` (its first version in this
+/// process): its one series reads 1, any earlier ones are gone.
+pub fn running(handler: &str, digest: &str) {
+    with_series(|s| {
+        s.insert(
+            handler.to_owned(),
+            Versions {
+                current: digest.to_owned(),
+                left: None,
+            },
+        );
+    });
+}
+
+/// `handler` swapped from the component `from` to `to`: `to` reads 1,
+/// `from` reads 0, and the series of any version before `from` is removed.
+/// The same digest twice changes nothing.
+pub fn swapped(handler: &str, from: &str, to: &str) {
+    if from == to {
+        return;
+    }
+    with_series(|s| {
+        s.insert(
+            handler.to_owned(),
+            Versions {
+                current: to.to_owned(),
+                left: Some(from.to_owned()),
+            },
+        );
+    });
+}
+
+/// Appends the series in the Prometheus text format (version 0.0.4) to
+/// `out`: a `# HELP` and `# TYPE` line, then one line per series, handlers
+/// in name order, each handler's current version first. Nothing when no
+/// handler has a series.
+pub fn render(out: &mut String) {
+    with_series(|s| {
+        if s.is_empty() {
+            return;
+        }
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "# HELP {NAME} {HELP}");
+        let _ = writeln!(out, "# TYPE {NAME} gauge");
+        for (handler, v) in s.iter() {
+            line(out, handler, &v.current, 1);
+            if let Some(left) = &v.left {
+                line(out, handler, left, 0);
+            }
+        }
+        out.push('\n');
+    });
+}
+
+fn line(out: &mut String, handler: &str, digest: &str, value: u8) {
+    let _ = writeln!(
+        out,
+        "{NAME}{{handler=\"{}\",digest=\"{}\",wit=\"{}\"}} {value}",
+        escape(handler),
+        escape(digest),
+        escape(WIT_PACKAGE)
+    );
+}
+
+/// A label value as the text format writes it: `\`, `"` and line feeds
+/// escaped.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lines of [`render`] for `handler` only (other tests of this
+    /// process share the registry).
+    fn lines_of(handler: &str) -> Vec<String> {
+        let mut out = String::new();
+        render(&mut out);
+        let tag = format!("handler=\"{}\"", escape(handler));
+        out.lines()
+            .filter(|l| l.contains(&tag))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn series(handler: &str, digest: &str, value: u8) -> String {
+        format!(
+            "idem_handler_info{{handler=\"{handler}\",digest=\"{digest}\",wit=\"idem:handler@0.1.0\"}} {value}"
+        )
+    }
+
+    #[test]
+    fn a_handler_has_at_most_the_current_and_the_left_version() {
+        let h = "unit-swaps";
+        running(h, "d0");
+        assert_eq!(lines_of(h), [series(h, "d0", 1)]);
+        for i in 1..=40 {
+            swapped(h, &format!("d{}", i - 1), &format!("d{i}"));
+        }
+        assert_eq!(lines_of(h), [series(h, "d40", 1), series(h, "d39", 0)]);
+        // Back to the one it left: the two swap values.
+        swapped(h, "d40", "d39");
+        assert_eq!(lines_of(h), [series(h, "d39", 1), series(h, "d40", 0)]);
+        // The same digest again changes nothing.
+        swapped(h, "d39", "d39");
+        assert_eq!(lines_of(h), [series(h, "d39", 1), series(h, "d40", 0)]);
+        // Made again (a new slot): one series.
+        running(h, "d7");
+        assert_eq!(lines_of(h), [series(h, "d7", 1)]);
+    }
+
+    #[test]
+    fn the_render_has_help_and_type_once_and_escapes_label_values() {
+        let h = "unit \"quoted\" \\ name\nnext";
+        running(h, "d");
+        let mut out = String::from("idem_other 1");
+        render(&mut out);
+        assert!(
+            out.starts_with("idem_other 1\n# HELP idem_handler_info "),
+            "{out}"
+        );
+        assert_eq!(out.matches("# TYPE idem_handler_info gauge\n").count(), 1);
+        assert!(
+            out.contains(
+                "idem_handler_info{handler=\"unit \\\"quoted\\\" \\\\ name\\nnext\",digest=\"d\",wit=\"idem:handler@0.1.0\"} 1\n"
+            ),
+            "{out}"
+        );
+    }
+}
