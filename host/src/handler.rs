@@ -8,7 +8,7 @@
 //!   0 rows → the transaction goes back to the caller  Applied::Duplicate
 //! admit? (the pipeline's horizon check)
 //!   no     → ROLLBACK                                 Applied::Refused
-//! SET LOCAL ROLE idem_handler_<name> (PostgreSQL, when set up)
+//! SET LOCAL ROLE idem_handler_<name>_<grants> (PostgreSQL, when set up)
 //! run the guest's handle(msg) in this transaction
 //!   ok     → COMMIT                                   Applied::Committed (timings)
 //!   failed → ROLLBACK (bounded)                       Applied::GuestFailed
@@ -101,7 +101,13 @@ impl PreparedHandler {
         db: &Database,
     ) -> Self {
         let role = match db.prepare_handler_role(&cfg.name, &cfg.tables).await {
-            Ok(role) => role,
+            Ok(Some(role)) => {
+                if !role.others.is_empty() {
+                    tracing::warn!(handler = %cfg.name, role = %role.name, others = %role.others.join("; "), "this handler is also run by configs that grant it other tables; each keeps its own role and grants, but one handler name now runs with different grants: give every config the same [[handler]] tables");
+                }
+                Some(role.name)
+            }
+            Ok(None) => None,
             Err(e) => {
                 tracing::warn!(handler = %cfg.name, error = %e, "cannot set up a PostgreSQL role for this handler; its statements run as the host's user, checked by the SQL guard only (grant CREATEROLE to enable this defence)");
                 None

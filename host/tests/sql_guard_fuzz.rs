@@ -88,7 +88,8 @@ async fn arena(kind: DbKind) -> Arena {
     let role = db
         .prepare_handler_role(&format!("fuzz_{tag}"), std::slice::from_ref(&accounts))
         .await
-        .unwrap();
+        .unwrap()
+        .map(|r| r.name);
     let guard = SqlGuard::new(kind, std::slice::from_ref(&accounts));
     Arena {
         db,

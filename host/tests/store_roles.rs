@@ -54,17 +54,19 @@ async fn handler_role_holds_only_its_granted_tables() {
     raw(&db, &format!("CREATE TABLE {secret} (v BIGINT)")).await;
     raw(&db, &format!("INSERT INTO {secret} VALUES (42)")).await;
 
-    let role = db
+    let prepared = db
         .prepare_handler_role(&handler, std::slice::from_ref(&mine))
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(prepared.others, Vec::<String>::new());
+    let role = prepared.name.clone();
     // Twice: idempotent, as when several hosts start.
     assert_eq!(
         db.prepare_handler_role(&handler, std::slice::from_ref(&mine))
             .await
             .unwrap(),
-        Some(role.clone())
+        Some(prepared)
     );
 
     // The guard is told both tables are granted; the role knows better.
@@ -134,6 +136,46 @@ async fn handler_role_holds_only_its_granted_tables() {
         .execute(p)
         .await
         .unwrap();
+    // Another config grants the same handler both tables (a host started
+    // later, or `idem replay` with a newer config): it gets a role of its
+    // own and names the first; the first keeps exactly its grant.
+    let both = [mine.clone(), secret.clone()];
+    let wider = db
+        .prepare_handler_role(&handler, &both)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(wider.name, role);
+    assert_eq!(wider.others, vec![format!("{role} ({mine})")]);
+    let grants = |r: &str, t: &str| {
+        sqlx::query_scalar::<_, bool>("SELECT has_table_privilege($1, $2, 'SELECT')")
+            .bind(r.to_owned())
+            .bind(t.to_owned())
+            .fetch_one(p)
+    };
+    assert!(grants(&role, &mine).await.unwrap());
+    assert!(!grants(&role, &secret).await.unwrap());
+    assert!(grants(&wider.name, &secret).await.unwrap());
+    // The first config's host starting again leaves the wider role alone.
+    let again = db
+        .prepare_handler_role(&handler, std::slice::from_ref(&mine))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.name.as_str(), again.others.clone()),
+        (
+            role.as_str(),
+            vec![format!("{} ({mine}, {secret})", wider.name)]
+        )
+    );
+    assert!(grants(&wider.name, &secret).await.unwrap());
+    let wide = wider.name;
+    raw(
+        &db,
+        &format!("DROP OWNED BY \"{wide}\"; DROP ROLE \"{wide}\""),
+    )
+    .await;
     raw(
         &db,
         &format!(
@@ -174,10 +216,8 @@ async fn role_setup_and_pruning_do_not_wait_for_each_other() {
     .await
     .expect("role set-up waited for the prune lock")
     .unwrap();
-    assert_eq!(
-        role.as_deref(),
-        Some(format!("idem_handler_{handler}").as_str())
-    );
+    let name = idem::store::handler_role(&handler, std::slice::from_ref(&table));
+    assert_eq!(role.map(|r| r.name), Some(name.clone()));
     prune.release().await.unwrap();
     // Role set-up holds its lock (another session, mid-transaction): a
     // prune pass gets its own.
@@ -195,7 +235,7 @@ async fn role_setup_and_pruning_do_not_wait_for_each_other() {
     prune.unwrap().release().await.unwrap();
     setup.rollback().await.unwrap();
     raw(&db, &format!("DROP TABLE {table}")).await;
-    raw(&db, &format!("DROP ROLE idem_handler_{handler}")).await;
+    raw(&db, &format!("DROP ROLE {name}")).await;
 }
 
 /// The switch to the handler's role can fail where no savepoint covers it:

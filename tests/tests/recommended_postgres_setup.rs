@@ -76,9 +76,9 @@ async fn a_non_superuser_owner_runs_idem_with_handler_roles() {
     let row: (String, String, bool, bool, bool) = sqlx::query_as(
         "SELECT (SELECT tableowner::text FROM pg_tables WHERE tablename = 'accounts'), \
                 (SELECT tableowner::text FROM pg_tables WHERE tablename = 'idem_receipts'), \
-                has_table_privilege('idem_handler_credit', 'accounts', 'UPDATE'), \
-                has_table_privilege('idem_handler_credit', 'secrets', 'SELECT'), \
-                has_table_privilege('idem_handler_credit', 'idem_receipts', 'SELECT')",
+                has_table_privilege('idem_handler_credit_bc62a3c1', 'accounts', 'UPDATE'), \
+                has_table_privilege('idem_handler_credit_bc62a3c1', 'secrets', 'SELECT'), \
+                has_table_privilege('idem_handler_credit_bc62a3c1', 'idem_receipts', 'SELECT')",
     )
     .fetch_one(&mut c)
     .await

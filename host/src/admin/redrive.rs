@@ -7,7 +7,7 @@
 //!   the handler's transaction step, as `idem run` runs it (PreparedHandler::apply):
 //!   INSERT receipt (handler, message id) ON CONFLICT DO NOTHING
 //!     0 rows → COMMIT (the effect is already there; only the row goes)
-//!   SET LOCAL ROLE idem_handler_<name>        (PostgreSQL, when set up)
+//!   SET LOCAL ROLE idem_handler_<name>_<grants> (PostgreSQL, when set up)
 //!   run the guest on the stored message
 //!     ok                   → COMMIT: effect, receipt and removal together
 //!     retry / reject / trap → ROLLBACK: nothing changed, the row stays

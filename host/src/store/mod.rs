@@ -54,6 +54,7 @@ pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
 pub use receipts::{Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
+pub use transaction::HandlerRole;
 
 pub use crate::sql_value::{DbError, DbErrorKind, Rows, SqlValue, StatementError};
 
@@ -280,9 +281,31 @@ pub fn migrations_table(handler: &str) -> String {
     handler_ident("idem_migrations_", handler)
 }
 
+/// The PostgreSQL role `handler`'s statements run as when it is granted
+/// `tables`: `idem_handler_<name>_<grants>`, `<grants>` the first 8 hex
+/// digits of the SHA-256 of the table names (lower-cased, sorted, one a
+/// line), `<name>` as in [`migrations_table`] (cut to 32 bytes, so the whole
+/// fits PostgreSQL's 63). One role per grant set: hosts whose configs grant
+/// one handler different tables each keep their own grants, where a shared
+/// role would be re-granted by whichever host started last.
+pub fn handler_role(handler: &str, tables: &[String]) -> String {
+    let mut names: Vec<String> = tables.iter().map(|t| t.to_lowercase()).collect();
+    names.sort();
+    names.dedup();
+    let grants = hex::encode(sha2::Sha256::digest(names.join("\n").as_bytes()));
+    // `_` + 8 hex digits of grants after the name: the name gets 63 - 9 bytes.
+    let name = handler_ident_within("idem_handler_", handler, 63 - 9);
+    format!("{name}_{}", &grants[..8])
+}
+
 /// `prefix` + `handler` as a PostgreSQL identifier of at most 63 bytes; see
 /// [`migrations_table`] for the rule.
 fn handler_ident(prefix: &str, handler: &str) -> String {
+    handler_ident_within(prefix, handler, 63)
+}
+
+/// [`handler_ident`] within `max` bytes instead of 63.
+fn handler_ident_within(prefix: &str, handler: &str, max: usize) -> String {
     let clean: String = handler
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -291,7 +314,7 @@ fn handler_ident(prefix: &str, handler: &str) -> String {
         })
         .collect();
     // PostgreSQL truncates identifiers past 63 bytes: prefix + clean + '_' + 8 hex.
-    let max_clean = 63 - prefix.len() - 9;
+    let max_clean = max - prefix.len() - 9;
     if clean == handler && clean.len() <= max_clean {
         format!("{prefix}{clean}")
     } else {
@@ -327,5 +350,33 @@ mod tests {
             "{a}"
         );
         assert_ne!(a, migrations_table("credit_projector"));
+    }
+
+    #[test]
+    fn handler_role_names_the_handler_and_its_grant_set() {
+        let t = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        // The tests that query the role by name rely on these two values.
+        assert_eq!(
+            handler_role("hostile", &t(&["accounts", "notes", "ledger"])),
+            "idem_handler_hostile_12dbf8f3"
+        );
+        assert_eq!(
+            handler_role("credit", &t(&["accounts"])),
+            "idem_handler_credit_bc62a3c1"
+        );
+        // Order, case and repeats do not make another grant set.
+        assert_eq!(
+            handler_role("credit", &t(&["Notes", "accounts", "notes"])),
+            handler_role("credit", &t(&["accounts", "notes"]))
+        );
+        assert_ne!(
+            handler_role("credit", &t(&["accounts", "credit_log"])),
+            handler_role("credit", &t(&["accounts"]))
+        );
+        let long = handler_role(&"x-".repeat(40), &t(&["accounts"]));
+        assert!(
+            long.len() <= 63 && long.starts_with("idem_handler_x_x_"),
+            "{long}"
+        );
     }
 }

@@ -2,8 +2,18 @@
 //! the guest's value bound, what the SQL guard asks of the transaction,
 //! commit and rollback. The guest's statements are in `statement`.
 
-use super::{Database, DbError, StoreError, Tx, dispatch, handler_ident, sqlite_raw};
+use super::{Database, DbError, StoreError, Tx, dispatch, sqlite_raw};
 use std::time::Duration;
+
+/// A handler's PostgreSQL role, as [`Database::prepare_handler_role`] left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerRole {
+    /// The role's name ([`super::handler_role`]).
+    pub name: String,
+    /// The handler's other roles, made by configs that grant it other
+    /// tables: `role (table, table)`, by name.
+    pub others: Vec<String>,
+}
 
 impl Database {
     /// Begins the transaction for one message. On SQLite it takes the write
@@ -32,10 +42,10 @@ impl Database {
         Ok(dispatch!(&self.0, b => b.begin_bounded(timeout).await)?)
     }
 
-    /// PostgreSQL only: prepares `handler`'s own role (see the
-    /// `postgres::role` module), holding privileges on `tables` only, and
-    /// returns its name for [`Tx::enter_handler_role`]. `Ok(None)` on SQLite,
-    /// which has no roles.
+    /// PostgreSQL only: prepares `handler`'s own role for this grant set
+    /// ([`super::handler_role`]; see the `postgres::role` module), holding
+    /// privileges on `tables` only, and returns it for
+    /// [`Tx::enter_handler_role`]. `Ok(None)` on SQLite, which has no roles.
     ///
     /// # Errors
     /// The connecting user may not create roles or grant on a table.
@@ -43,10 +53,10 @@ impl Database {
         &self,
         handler: &str,
         tables: &[String],
-    ) -> Result<Option<String>, StoreError> {
-        let role = handler_ident("idem_handler_", handler);
-        let prepared = dispatch!(&self.0, b => b.prepare_role(&role, tables).await)?;
-        Ok(prepared.then_some(role))
+    ) -> Result<Option<HandlerRole>, StoreError> {
+        let name = super::handler_role(handler, tables);
+        let others = dispatch!(&self.0, b => b.prepare_role(&name, handler, tables).await)?;
+        Ok(others.map(|others| HandlerRole { name, others }))
     }
 
     /// PostgreSQL only: the connecting user and whether it is a superuser.

@@ -185,15 +185,15 @@ pub(crate) fn roles(ctx: &Ctx) -> Group {
         "SET SESSION AUTHORIZATION postgres",
         "SET SESSION AUTHORIZATION DEFAULT",
         "GRANT SELECT ON secrets TO PUBLIC",
-        "GRANT postgres TO idem_handler_hostile",
+        "GRANT postgres TO idem_handler_hostile_12dbf8f3",
         "CREATE ROLE evil SUPERUSER",
-        "ALTER ROLE idem_handler_hostile SUPERUSER",
+        "ALTER ROLE idem_handler_hostile_12dbf8f3 SUPERUSER",
         "REVOKE ALL ON accounts FROM PUBLIC",
-        "ALTER TABLE secrets OWNER TO idem_handler_hostile",
+        "ALTER TABLE secrets OWNER TO idem_handler_hostile_12dbf8f3",
         "SECURITY LABEL ON TABLE secrets IS 'x'",
         "ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO PUBLIC",
-        "REASSIGN OWNED BY postgres TO idem_handler_hostile",
-        "DROP OWNED BY idem_handler_hostile",
+        "REASSIGN OWNED BY postgres TO idem_handler_hostile_12dbf8f3",
+        "DROP OWNED BY idem_handler_hostile_12dbf8f3",
     ] {
         g.refused(x(sql));
     }

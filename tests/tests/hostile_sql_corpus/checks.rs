@@ -44,13 +44,13 @@ pub(crate) async fn fingerprint(db: &TestDb) -> String {
               'role_settings', (SELECT count(*) FROM pg_db_role_setting WHERE setdatabase = \
                  (SELECT oid FROM pg_database WHERE datname = current_database()) OR setrole IN (0, \
                  (SELECT oid FROM pg_roles WHERE rolname = session_user), \
-                 (SELECT oid FROM pg_roles WHERE rolname = 'idem_handler_hostile'))), \
+                 (SELECT oid FROM pg_roles WHERE rolname = 'idem_handler_hostile_12dbf8f3'))), \
               'evil_roles', (SELECT count(*) FROM pg_roles WHERE rolname LIKE 'evil%'), \
               'evil_databases', (SELECT count(*) FROM pg_database WHERE datname LIKE 'evil%'), \
               'handler_role', (SELECT string_agg(rolsuper::text || rolcreaterole::text || rolcreatedb::text \
-                 || rolbypassrls::text || rolcanlogin::text, ',') FROM pg_roles WHERE rolname = 'idem_handler_hostile'), \
+                 || rolbypassrls::text || rolcanlogin::text, ',') FROM pg_roles WHERE rolname = 'idem_handler_hostile_12dbf8f3'), \
               'handler_memberships', (SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member \
-                 WHERE r.rolname = 'idem_handler_hostile'), \
+                 WHERE r.rolname = 'idem_handler_hostile_12dbf8f3'), \
               'prepared_xacts', (SELECT count(*) FROM pg_prepared_xacts), \
               'triggers_enabled', (SELECT string_agg(tgname || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger \
                  WHERE NOT tgisinternal))"

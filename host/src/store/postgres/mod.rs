@@ -197,14 +197,17 @@ impl Pool {
             .map(|r| r.is_some())
     }
 
-    /// Creates or updates the handler's role; always `true` (it exists).
+    /// Creates or updates the handler's role; returns the handler's other
+    /// roles (other grant sets), `role (tables)`.
     pub(super) async fn prepare_role(
         &self,
         role: &str,
+        handler: &str,
         tables: &[String],
-    ) -> Result<bool, sqlx::Error> {
-        role::prepare(&self.0, role, tables).await?;
-        Ok(true)
+    ) -> Result<Option<Vec<String>>, sqlx::Error> {
+        role::prepare(&self.0, role, handler, tables)
+            .await
+            .map(Some)
     }
 
     /// The connecting user's name, and whether it is a superuser (who can leave

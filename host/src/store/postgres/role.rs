@@ -1,6 +1,11 @@
-//! PostgreSQL defence in depth: one role per handler that holds privileges on
+//! PostgreSQL defence in depth: one role per handler and grant set that holds privileges on
 //! that handler's granted tables only, switched on for the guest's part of each
 //! transaction (`set_config('role', …, true)`, i.e. `SET LOCAL ROLE`).
+//!
+//! The role is named after the handler and its grant set
+//! ([`crate::store::handler_role`]), so hosts whose configs grant one handler
+//! different tables never re-grant each other's role; each role's comment
+//! says which handler and tables it is for, so a host can name the others.
 //!
 //! The SQL guard is the first line; this role means a statement the guard
 //! wrongly let through still meets PostgreSQL's own permission check
@@ -20,13 +25,16 @@ fn ident(name: &str) -> String {
 /// member so it may switch to it, and grants it exactly SELECT, INSERT,
 /// UPDATE, DELETE on `tables` plus USAGE on the sequences those tables own
 /// (`serial` columns). Privileges granted earlier on tables no longer listed
-/// are revoked. Errors: the connecting user lacks CREATEROLE or the grant
-/// option on a table (the caller then runs without the role, and says so).
+/// are revoked. Returns the other roles made for `handler` (with other
+/// grant sets) as `role (tables)`, for the caller to warn about.
+/// Errors: the connecting user lacks CREATEROLE or the grant option on a
+/// table (the caller then runs without the role, and says so).
 pub(super) async fn prepare(
     pool: &PgPool,
     role: &str,
+    handler: &str,
     tables: &[String],
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(crate::store::advisory::ROLE_SETUP)
@@ -43,6 +51,8 @@ pub(super) async fn prepare(
         ddl.push(format!("CREATE ROLE {r} NOLOGIN"));
     }
     ddl.push(format!("GRANT {r} TO CURRENT_USER"));
+    let comment = role_comment(handler, tables);
+    ddl.push(format!("COMMENT ON ROLE {r} IS {}", literal(&comment)));
     // Start from nothing on every table the role may hold rights on, then grant the list.
     let held: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT quote_ident(table_schema) || '.' || quote_ident(table_name) \
@@ -72,12 +82,50 @@ pub(super) async fn prepare(
         }
     }
     for statement in ddl {
-        // Identifiers quoted by `ident` or printed by PostgreSQL itself; no guest text.
+        // Identifiers quoted by `ident`, literals by `literal`, or printed by
+        // PostgreSQL itself; no guest text.
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await
+    let prefix = role_comment(handler, &[]);
+    let others: Vec<(String, String)> = sqlx::query_as(
+        "SELECT rolname::text, shobj_description(oid, 'pg_authid') FROM pg_roles \
+         WHERE rolname <> $1 AND starts_with(shobj_description(oid, 'pg_authid'), $2) \
+         ORDER BY rolname",
+    )
+    .bind(role)
+    .bind(&prefix)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(others
+        .into_iter()
+        .map(|(name, comment)| {
+            let tables = comment.strip_prefix(&prefix).unwrap_or_default();
+            format!("{name} ({tables})")
+        })
+        .collect())
+}
+
+/// A handler role's comment: `idem handler "<name>" tables: a, b`; with
+/// no tables, the prefix every role of that handler's comment starts with.
+fn role_comment(handler: &str, tables: &[String]) -> String {
+    let mut names: Vec<String> = tables.iter().map(|t| t.to_lowercase()).collect();
+    names.sort();
+    names.dedup();
+    format!(
+        "idem handler {} tables: {}",
+        serde_json::Value::from(handler),
+        names.join(", ")
+    )
+}
+
+/// `s` as a PostgreSQL escape string literal (`E'…'`, backslashes and
+/// quotes doubled), which reads the same whatever
+/// `standard_conforming_strings` is.
+fn literal(s: &str) -> String {
+    format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The statement that switches the rest of a transaction to `role`

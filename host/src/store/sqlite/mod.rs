@@ -191,13 +191,14 @@ impl Pool {
             .map(|r| r.is_some())
     }
 
-    /// SQLite has no roles: `false`, nothing done.
+    /// SQLite has no roles: `None`, nothing done.
     pub(super) async fn prepare_role(
         &self,
         _role: &str,
+        _handler: &str,
         _tables: &[String],
-    ) -> Result<bool, sqlx::Error> {
-        Ok(false)
+    ) -> Result<Option<Vec<String>>, sqlx::Error> {
+        Ok(None)
     }
 
     /// SQLite has no users: `None`.
