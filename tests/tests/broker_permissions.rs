@@ -8,7 +8,8 @@
 //! and every write outside a role is refused by the server with a
 //! permissions violation and changes nothing: a publisher (a plain NATS
 //! client) cannot write any bucket, delete the consumer or the stream, or
-//! read idem's replies; a host cannot create the buckets or deploy.
+//! read idem's replies; a host cannot create the buckets or deploy. And
+//! README shows the sets as the file has them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use async_nats::jetstream;
@@ -446,4 +447,19 @@ async fn each_role_does_its_job_and_nothing_else() {
         vec![(1, d2.clone(), Some(d1.clone())), (2, d1.clone(), Some(d2))]
     );
     assert_eq!(state.modules, sorted);
+}
+
+/// README's "Broker permissions" shows the sets exactly as the file the
+/// other test runs idem under has them.
+#[test]
+fn the_readme_shows_the_permission_file_as_it_is() {
+    let file = std::fs::read_to_string(root().join("deploy/nats-permissions.conf")).unwrap();
+    let sets = &file[file.find("IDEM_HOST = {").unwrap()..];
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!(
+            "The sets, as the file has them:\n\n```\n{sets}```\n"
+        )),
+        "README's \"Broker permissions\" differs from deploy/nats-permissions.conf: copy the file's sets into it"
+    );
 }
