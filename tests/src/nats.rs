@@ -34,7 +34,7 @@ pub struct Nats {
 
 impl Nats {
     pub fn start() -> Self {
-        Self::started(None)
+        Self::started(None, &[])
     }
 
     /// A server started with `config` (nats-server's config syntax, e.g. an
@@ -43,14 +43,24 @@ impl Nats {
     /// [`Nats::start`]. The server must accept a plain TCP connection for
     /// the readiness probe (TLS servers do).
     pub fn start_with_config(config: &str) -> Self {
-        Self::started(Some(config))
+        Self::started(Some(config), &[])
+    }
+
+    /// [`Nats::start_with_config`] with `files` (name, contents) written
+    /// beside the config file first, for the config to `include` them
+    /// (nats-server resolves an include relative to the including file).
+    pub fn start_with_config_and_files(config: &str, files: &[(&str, &str)]) -> Self {
+        Self::started(Some(config), files)
     }
 
     /// A server on a free port. A free port can be taken by another test's
     /// process between the probe and the server's bind; then the server
     /// exits, and this tries again on another port (five times).
-    fn started(config: Option<&str>) -> Self {
+    fn started(config: Option<&str>, files: &[(&str, &str)]) -> Self {
         let store = tempfile::tempdir().unwrap();
+        for (name, contents) in files {
+            std::fs::write(store.path().join(name), contents).unwrap();
+        }
         let config = config.map(|config| {
             let file = store.path().join("nats-server.conf");
             std::fs::write(&file, config).unwrap();
