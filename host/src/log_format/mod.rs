@@ -1,5 +1,5 @@
 //! How a log line is written, whatever its fields hold (ARCHITECTURE.md,
-//! "Logs"): every field value is escaped and length-capped at the
+//! "The protocol", invariant 9): every field value is escaped and length-capped at the
 //! formatter, so a reason, a trap message, a message id or a deployment's
 //! note that a sender, a guest or a deploy record chose can neither start a
 //! line of its own nor write a control byte to the log.
@@ -16,6 +16,11 @@
 //! In both, one field value is at most [`MAX_FIELD_BYTES`] as written and
 //! the fields of one event (or of one span) at most [`MAX_RECORD_BYTES`];
 //! what is cut ends in `…[+N bytes]`.
+
+// Field values are guest-, sender- and deploy-record-supplied text: read
+// with iterators and checked splits, never indexed or sliced
+// (ARCHITECTURE.md, "The protocol", invariant 8).
+#![deny(clippy::indexing_slicing, clippy::string_slice)]
 
 pub mod json;
 pub mod text;

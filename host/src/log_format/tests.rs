@@ -1,4 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::indexing_slicing, clippy::string_slice)]
 
 use super::json::{JsonFields, JsonLines};
 use super::text::TextFields;
