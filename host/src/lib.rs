@@ -22,6 +22,7 @@ pub mod fault;
 pub mod handler;
 pub mod handler_info;
 pub mod http;
+pub mod log_format;
 pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
@@ -61,7 +62,8 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr in `format`, filtered by `RUST_LOG` (default
-/// [`DEFAULT_LOG_FILTER`]).
+/// [`DEFAULT_LOG_FILTER`]). Whatever the fields hold, a line stays one line
+/// with no control bytes in it, of bounded length ([`log_format`]).
 pub fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -71,13 +73,12 @@ pub fn init_tracing(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Pretty => builder
+            .fmt_fields(log_format::text::TextFields)
             .with_ansi(std::io::stderr().is_terminal())
             .try_init(),
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(true)
+            .fmt_fields(log_format::json::JsonFields)
+            .event_format(log_format::json::JsonLines)
             .try_init(),
     };
 }

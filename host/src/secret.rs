@@ -66,16 +66,28 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-/// `url` with any password replaced by [`MASK`]: the userinfo's password
-/// and a `password=` query parameter (any case). A URL that does not parse
-/// is masked whole (`<unparsable url>`), since where its password is cannot
-/// be told. A URL without a password (SQLite's, say) is unchanged. A
-/// comma-separated list of URLs (NATS accepts one) is masked URL by URL.
+/// `url` with every secret replaced by [`MASK`]: the userinfo's password,
+/// and the value of every query parameter whose name says it carries one
+/// ([`is_secret_parameter`]: `password`, libpq's `sslpassword`, …, in any
+/// case). A URL that does not parse is masked whole (`<unparsable url>`),
+/// since where its secrets are cannot be told. A URL without a secret
+/// (SQLite's, say) is unchanged. A comma-separated list of URLs (NATS
+/// accepts one) is masked URL by URL.
 pub fn redact_url(url: &str) -> String {
     if url.contains(',') {
         return url.split(',').map(redact_one).collect::<Vec<_>>().join(",");
     }
     redact_one(url)
+}
+
+/// Whether a URL query parameter named `name` carries a secret: its name,
+/// in any case, contains `password`, `passwd`, `passphrase`, `secret` or
+/// `token` (`password`, `sslpassword`, `Password`, `auth_token`, …).
+pub fn is_secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["password", "passwd", "passphrase", "secret", "token"]
+        .iter()
+        .any(|word| name.contains(word))
 }
 
 fn redact_one(url: &str) -> String {
@@ -88,20 +100,18 @@ fn redact_one(url: &str) -> String {
     if parsed.cannot_be_a_base() && url.contains('@') {
         return UNPARSABLE.to_owned();
     }
-    let password_param = parsed
-        .query_pairs()
-        .any(|(k, _)| k.eq_ignore_ascii_case("password"));
-    if parsed.password().is_none() && !password_param {
+    let secret_param = parsed.query_pairs().any(|(k, _)| is_secret_parameter(&k));
+    if parsed.password().is_none() && !secret_param {
         return url.to_owned();
     }
     if parsed.password().is_some() && parsed.set_password(Some(MASK)).is_err() {
         return UNPARSABLE.to_owned();
     }
-    if password_param {
+    if secret_param {
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(k, v)| {
-                let v = if k.eq_ignore_ascii_case("password") {
+                let v = if is_secret_parameter(&k) {
                     MASK.to_owned()
                 } else {
                     v.into_owned()
@@ -151,6 +161,23 @@ mod tests {
         // Both places, and the parameter in any case.
         let r = redact_url("postgres://u:a@h/db?PASSWORD=b");
         assert_eq!(r, "postgres://u:***@h/db?PASSWORD=***");
+        // libpq's client-key passphrase, and any other secret parameter.
+        let r = redact_url(
+            "postgres://u@h/db?sslmode=verify-full&sslpassword=k3y&Password=pw&auth_token=t&sslkey=/k",
+        );
+        assert_eq!(
+            r,
+            "postgres://u@h/db?sslmode=verify-full&sslpassword=***&Password=***&auth_token=***&sslkey=%2Fk"
+        );
+        assert!(
+            !r.contains("k3y") && !r.contains("=pw") && !r.contains("=t&"),
+            "{r}"
+        );
+        // A percent-encoded parameter name is read decoded.
+        assert_eq!(
+            redact_url("postgres://h/db?ssl%70assword=k3y"),
+            "postgres://h/db?sslpassword=***"
+        );
         // SQLite URLs are left as they are.
         for u in [
             "sqlite::memory:",

@@ -56,6 +56,25 @@ pub fn guest(name: &str) -> PathBuf {
     p
 }
 
+/// Runs wasm-tools (`$WASM_TOOLS`, default `.tools/venv/bin/wasm-tools`,
+/// put there by `scripts/setup.sh`) with `args`; its stdout. Panics with
+/// its stderr when it fails.
+pub fn wasm_tools(args: &[&std::ffi::OsStr]) -> Vec<u8> {
+    let tools = std::env::var_os("WASM_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".tools/venv/bin/wasm-tools"));
+    let out = std::process::Command::new(&tools)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tools.display()));
+    assert!(
+        out.status.success(),
+        "wasm-tools {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// The idem CLI with test-only fault points (`tests/src/bin/idem-test-host.rs`),
 /// built by cargo beside the test binaries.
 pub fn test_host() -> PathBuf {

@@ -104,8 +104,11 @@ pub struct HandlerConfig {
     /// 8192 (8 MiB).
     #[serde(default = "default_max_param_kib")]
     pub max_param_kib: usize,
-    /// Log output (the `log` interface and, under WASI, stdout/stderr) per
-    /// message, in KiB; the rest is dropped and counted. Default 64.
+    /// Host log per message for the guest's output (the `log` interface
+    /// and, under WASI, stdout/stderr), in KiB: each line counts its text
+    /// as written plus its fixed part (timestamp, level, target, handler,
+    /// message id; [`crate::log_format::guest_line_overhead`]); the rest is
+    /// dropped and counted. Default 64.
     #[serde(default = "default_max_log_kib")]
     pub max_log_kib: usize,
     /// Link an empty WASI context (no preopens, no network, no environment,

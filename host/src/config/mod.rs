@@ -23,6 +23,7 @@
 //! `$CREDENTIALS_DIRECTORY` when set, else that directory too.
 
 mod broker;
+pub mod database_url;
 mod handler;
 pub mod sources;
 

@@ -162,6 +162,9 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     let mut database = reader.section::<DatabaseConfig>(&root, "database");
     if let Some(d) = &mut database {
         reader.read_password(d, secrets);
+        if let Err(message) = super::database_url::check(&d.url) {
+            reader.key_problem("database", "url", message);
+        }
     }
     let service = reader.section::<ServiceConfig>(&root, "service");
     let mut runtime = reader.section::<RuntimeConfig>(&root, "runtime");

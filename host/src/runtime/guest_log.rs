@@ -1,9 +1,15 @@
 //! The guest's log for one message: lines from the `log` interface and, for a
 //! handler with WASI, bytes written to stdout and stderr, all under one
-//! per-message byte cap ([`Limits::max_log_bytes`](super::Limits)), tagged
-//! with the handler and the message id (tracing target `idem::guest`).
-//! Output over the cap is dropped and counted, and reported once when the
-//! message is done ([`GuestLog::finish`]).
+//! per-message cap ([`Limits::max_log_bytes`](super::Limits)) on what the
+//! HOST writes for them, tagged with the handler and the message id (tracing
+//! target `idem::guest`). Each line is charged its text as written (escaped,
+//! [`crate::log_format::escape_within`]) plus its fixed part
+//! ([`crate::log_format::guest_line_overhead`]: timestamp, level, target,
+//! span fields, the handler and the message id), so a flood of empty lines
+//! is bounded like one long line. A line is at most
+//! [`crate::log_format::MAX_FIELD_BYTES`] of text. Output over the cap is
+//! dropped and counted, and reported once when the message is done
+//! ([`GuestLog::finish`]).
 //!
 //! The log is shared ([`LogSink`]) between the store's data and the WASI
 //! output streams, which live in the WASI resource table and cannot reach the
@@ -15,6 +21,7 @@
 #![deny(clippy::indexing_slicing, clippy::string_slice)]
 
 use super::bindings::Level;
+use crate::log_format;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Which WASI output stream bytes were written to.
@@ -63,7 +70,8 @@ impl LogSink {
 #[derive(Default)]
 struct Pending {
     bytes: Vec<u8>,
-    /// Some of this line was dropped (and counted).
+    /// Some of this line was dropped (and counted); the line was logged, or
+    /// left out, already: the rest of it up to its newline is dropped too.
     dropped: bool,
 }
 
@@ -81,8 +89,11 @@ enum LastError {
 pub(crate) struct GuestLog {
     handler: Arc<str>,
     message_id: String,
+    /// Bytes of host log the message may cause.
     cap: usize,
     used: usize,
+    /// What every line costs besides its text.
+    overhead: usize,
     dropped_bytes: usize,
     dropped_lines: usize,
     pending: [Pending; 2],
@@ -98,6 +109,7 @@ const MAX_REMEMBERED_ERROR_BYTES: usize = 512;
 impl GuestLog {
     fn new(handler: Arc<str>, message_id: String, cap: usize) -> Self {
         Self {
+            overhead: log_format::guest_line_overhead(&handler, &message_id),
             handler,
             message_id,
             cap,
@@ -110,25 +122,41 @@ impl GuestLog {
         }
     }
 
-    /// One line from the `log` interface. Each line costs its bytes plus one
-    /// (its newline), so a flood of empty lines is capped too.
+    /// How many bytes of escaped text the next line may have: what is left
+    /// of the cap after the line's overhead, at most a log line's field.
+    /// `None` when not even an empty line fits.
+    fn line_room(&self) -> Option<usize> {
+        let left = self.cap.saturating_sub(self.used);
+        let room = left.checked_sub(self.overhead)?;
+        Some(room.min(log_format::MAX_FIELD_BYTES))
+    }
+
+    /// `text` escaped and cut to what fits, charged to the cap: the line to
+    /// log and the bytes of `text` it leaves out, or `None` (nothing
+    /// charged) when no line fits any more.
+    fn charge(&mut self, text: &str) -> Option<(String, usize)> {
+        let room = self.line_room()?;
+        let (line, cost, kept) = log_format::escape_within(text, room);
+        self.used += self.overhead + cost;
+        Some((line, text.len() - kept))
+    }
+
+    /// One line from the `log` interface.
     pub(crate) fn log(&mut self, level: Level, message: &str) {
         if level == Level::Error {
             let cut = floor_char_boundary(message, MAX_REMEMBERED_ERROR_BYTES);
             let kept = message.get(..cut).unwrap_or_default();
-            self.last_error = LastError::Line(one_line(kept).into_owned());
+            self.last_error = LastError::Line(log_format::escape(kept).into_owned());
         }
-        let budget = self.cap.saturating_sub(self.used);
-        let (line, dropped, charged) = fit(message, budget);
-        self.used += charged;
-        if dropped > 0 || charged == 0 {
+        let Some((line, dropped)) = self.charge(message) else {
+            self.dropped_bytes += message.len();
+            self.dropped_lines += 1;
+            return;
+        };
+        if dropped > 0 {
             self.dropped_bytes += dropped;
             self.dropped_lines += 1;
-            if line.is_empty() {
-                return;
-            }
         }
-        let line = one_line(line);
         let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let truncated = dropped > 0;
         match level {
@@ -148,57 +176,66 @@ impl GuestLog {
     }
 
     /// Bytes a guest wrote to a WASI output stream: each finished line is
-    /// logged (stdout at info, stderr at warn, with `stream`); bytes are
-    /// charged one for one, newlines included; bytes past the cap are dropped
-    /// and counted, never refused (a refused write would make most guest
-    /// languages fail or panic).
+    /// logged (stdout at info, stderr at warn, with `stream`) and charged as
+    /// [`GuestLog::log`]'s are. A line is buffered only up to what could
+    /// still fit; bytes past that are dropped and counted, never refused (a
+    /// refused write would make most guest languages fail or panic).
     pub(crate) fn write(&mut self, stream: Stream, bytes: &[u8]) {
         if stream == Stream::Stderr && !bytes.is_empty() {
             self.remember_stderr(bytes);
         }
-        let keep = bytes.len().min(self.cap.saturating_sub(self.used));
-        let (kept, dropped) = bytes.split_at(keep);
-        self.used += keep;
-        for piece in kept.split_inclusive(|b| *b == b'\n') {
-            match piece.split_last() {
-                Some((b'\n', line)) => {
-                    stream.of(&mut self.pending).bytes.extend_from_slice(line);
-                    self.emit(stream);
-                }
-                _ => stream.of(&mut self.pending).bytes.extend_from_slice(piece),
-            }
-        }
-        if dropped.is_empty() {
-            return;
-        }
-        self.dropped_bytes += dropped.len();
-        // The budget is spent: what is pending will never grow, log it now.
-        if !stream.of(&mut self.pending).bytes.is_empty() {
-            self.dropped_lines += 1;
-            stream.of(&mut self.pending).dropped = true;
-            self.emit(stream);
-            stream.of(&mut self.pending).dropped = true;
-        }
-        for piece in dropped.split_inclusive(|b| *b == b'\n') {
+        for piece in bytes.split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match piece.split_last() {
+                Some((b'\n', body)) => (body, true),
+                _ => (piece, false),
+            };
+            let room = self.line_room();
             let pending = stream.of(&mut self.pending);
-            if !pending.dropped {
-                self.dropped_lines += 1;
-                pending.dropped = true;
+            if pending.dropped {
+                self.dropped_bytes += body.len();
+                pending.dropped = !ends;
+                continue;
             }
-            if piece.ends_with(b"\n") {
-                pending.dropped = false;
+            let Some(room) = room else {
+                // Not even an empty line fits: the line is dropped whole.
+                self.dropped_bytes += pending.bytes.len() + body.len();
+                self.dropped_lines += 1;
+                pending.bytes.clear();
+                pending.dropped = !ends;
+                continue;
+            };
+            // Every byte costs at least one as written: more cannot fit.
+            let fits = room.saturating_sub(pending.bytes.len()).min(body.len());
+            let (kept, over) = body.split_at(fits);
+            pending.bytes.extend_from_slice(kept);
+            if !over.is_empty() {
+                self.dropped_bytes += over.len();
+                self.emit(stream, true);
+                stream.of(&mut self.pending).dropped = !ends;
+            } else if ends {
+                self.emit(stream, false);
             }
         }
     }
 
-    /// Logs one stream's pending line and starts a new one.
-    fn emit(&mut self, stream: Stream) {
+    /// Logs one stream's pending line (`cut`: bytes of it were dropped
+    /// already) and starts a new one.
+    fn emit(&mut self, stream: Stream, cut: bool) {
         let pending = std::mem::take(stream.of(&mut self.pending));
         let bytes = pending.bytes.strip_suffix(b"\r").unwrap_or(&pending.bytes);
         let text = String::from_utf8_lossy(bytes);
-        let line = one_line(&text);
+        let Some((line, dropped)) = self.charge(&text) else {
+            self.dropped_bytes += text.len();
+            self.dropped_lines += 1;
+            return;
+        };
+        self.dropped_bytes += dropped;
+        let truncated = cut || dropped > 0;
+        if truncated {
+            self.dropped_lines += 1;
+        }
         let (handler, message_id) = (&*self.handler, self.message_id.as_str());
-        let (name, truncated) = (stream.name(), pending.dropped);
+        let name = stream.name();
         match stream {
             Stream::Stdout => {
                 tracing::info!(target: "idem::guest", handler, message_id, stream = name, truncated, "{line}")
@@ -236,21 +273,26 @@ impl GuestLog {
                     .unwrap_or(0);
                 let text = String::from_utf8_lossy(self.stderr_tail.get(start..)?);
                 let text = text.trim();
-                (!text.is_empty())
-                    .then(|| format!("the guest last wrote to stderr: {}", one_line(text)))
+                (!text.is_empty()).then(|| {
+                    format!(
+                        "the guest last wrote to stderr: {}",
+                        log_format::escape(text)
+                    )
+                })
             }
         }
     }
 
-    /// Logs the unfinished stdout/stderr lines and, once, how much output the
-    /// per-message cap dropped; returns that count in bytes.
+    /// Logs the unfinished stdout/stderr lines and, once, that the
+    /// per-message cap was reached and how much it dropped; returns the
+    /// bytes of guest text dropped.
     pub(crate) fn finish(&mut self) -> usize {
         for stream in [Stream::Stdout, Stream::Stderr] {
             if !stream.of(&mut self.pending).bytes.is_empty() {
-                self.emit(stream);
+                self.emit(stream, false);
             }
         }
-        if self.dropped_bytes > 0 {
+        if self.dropped_bytes > 0 || self.dropped_lines > 0 {
             tracing::warn!(
                 target: "idem::guest",
                 handler = %self.handler,
@@ -258,23 +300,11 @@ impl GuestLog {
                 dropped_bytes = self.dropped_bytes,
                 dropped_lines = self.dropped_lines,
                 cap_bytes = self.cap,
-                "guest log output over the per-message cap was dropped"
+                "guest log output over the per-message cap (max_log_kib) was dropped"
             );
         }
         self.dropped_bytes
     }
-}
-
-/// How much of a log line fits what is left of the budget: the kept prefix,
-/// the bytes dropped, and the bytes charged. Each line costs its bytes plus
-/// one (its newline), so a flood of empty lines is capped too.
-fn fit(message: &str, budget: usize) -> (&str, usize, usize) {
-    if budget == 0 {
-        return ("", message.len(), 0);
-    }
-    let cut = floor_char_boundary(message, budget - 1);
-    let kept = message.get(..cut).unwrap_or_default();
-    (kept, message.len() - kept.len(), kept.len() + 1)
 }
 
 /// The largest index `<= at` that is on a char boundary of `s`.
@@ -283,25 +313,6 @@ pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
         return s.len();
     }
     (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
-}
-
-/// Escapes control characters so one guest line stays one log line.
-fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.chars().any(char::is_control) {
-        std::borrow::Cow::Owned(
-            s.chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_default().to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect(),
-        )
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
 }
 
 #[cfg(test)]
@@ -322,38 +333,98 @@ mod tests {
         assert_eq!(floor_char_boundary(s, 0), 0);
     }
 
-    #[test]
-    fn log_lines_fit_the_budget() {
-        assert_eq!(fit("hello", 100), ("hello", 0, 6));
-        assert_eq!(fit("hello", 6), ("hello", 0, 6));
-        assert_eq!(fit("hello", 4), ("hel", 2, 4));
-        assert_eq!(fit("", 3), ("", 0, 1));
-        assert_eq!(fit("hello", 0), ("", 5, 0));
-        assert_eq!(fit("é", 2), ("", 2, 1));
+    /// What every line of [`log`]'s costs besides its text.
+    fn overhead() -> usize {
+        log_format::guest_line_overhead("h", "id")
     }
 
     #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(one_line("a\nb\tc"), "a\\nb\\tc");
-        assert_eq!(one_line("plain"), "plain");
+    fn a_line_costs_its_overhead_and_its_text_as_written() {
+        let o = overhead();
+        assert_eq!(o, log_format::GUEST_LINE_FIXED_BYTES + 2 * (3 + 4));
+        // ESC is written `\u{1b}` (7 bytes in JSON): only "a" fits 7 bytes.
+        let mut l = log(o + 7);
+        l.log(Level::Info, "a\u{1b}b");
+        assert_eq!((l.used, l.dropped_bytes, l.dropped_lines), (o + 1, 2, 1));
+        let mut l = log(o + 8);
+        l.log(Level::Info, "a\u{1b}b");
+        assert_eq!((l.used, l.dropped_bytes, l.dropped_lines), (o + 8, 1, 1));
+        // An empty line costs the overhead; when it no longer fits it is
+        // counted, with no bytes.
+        let mut l = log(2 * o + 1);
+        for _ in 0..5 {
+            l.log(Level::Info, "");
+        }
+        assert_eq!((l.used, l.dropped_bytes, l.dropped_lines), (2 * o, 0, 3));
+        // No line is longer than a log line's field.
+        let mut l = log(usize::MAX);
+        l.log(Level::Info, &"x".repeat(10_000));
+        assert_eq!(l.used, o + log_format::MAX_FIELD_BYTES);
+        assert_eq!(l.dropped_bytes, 10_000 - log_format::MAX_FIELD_BYTES);
+    }
+
+    #[test]
+    fn a_flood_of_empty_lines_stops_at_the_cap() {
+        let id = "m".repeat(500);
+        let o = log_format::guest_line_overhead("h", &id);
+        let mut l = GuestLog::new(Arc::from("h"), id, 64 * 1024);
+        for _ in 0..70_000 {
+            l.log(Level::Info, "");
+        }
+        l.write(Stream::Stdout, &[b'\n'; 70_000]);
+        let kept = 64 * 1024 / o;
+        assert_eq!(kept, 49);
+        assert_eq!(l.used, kept * o);
+        assert_eq!((l.dropped_bytes, l.dropped_lines), (0, 140_000 - kept));
+        assert_eq!(l.finish(), 0);
     }
 
     #[test]
     fn stream_bytes_share_the_cap_with_log_lines() {
-        let mut l = log(10);
-        l.log(Level::Info, "abcd"); // 5 bytes
-        l.write(Stream::Stdout, b"12\n34"); // 5 bytes: the cap is reached
-        assert_eq!((l.used, l.dropped_bytes, l.dropped_lines), (10, 0, 0));
-        assert_eq!(l.pending[0].bytes, b"34");
-        l.write(Stream::Stdout, b"56\n78\n9");
-        // "34" was cut (the line "3456"), "78" and "9" are dropped lines.
-        assert_eq!((l.dropped_bytes, l.dropped_lines), (7, 3));
+        let o = overhead();
+        let mut l = log(2 * o + 10);
+        l.log(Level::Info, "abcd");
+        l.write(Stream::Stdout, b"12\n34");
+        // "12" fits; "34" cannot be a line any more: dropped whole.
+        assert_eq!(
+            (l.used, l.dropped_bytes, l.dropped_lines),
+            (2 * o + 6, 2, 1)
+        );
         assert!(l.pending[0].bytes.is_empty());
+        l.write(Stream::Stdout, b"56\n78\n9");
+        // "3456" was one line, counted; "78" and "9" are dropped lines.
+        assert_eq!((l.dropped_bytes, l.dropped_lines), (7, 3));
         l.write(Stream::Stdout, b"more");
         // "9more" is one line, already counted.
         assert_eq!((l.dropped_bytes, l.dropped_lines), (11, 3));
         l.log(Level::Info, "x");
         assert_eq!((l.dropped_bytes, l.dropped_lines), (12, 4));
+        assert_eq!(l.finish(), 12);
+    }
+
+    #[test]
+    fn a_stream_line_is_buffered_only_as_far_as_it_can_fit() {
+        let o = overhead();
+        let mut l = log(o + 5);
+        l.write(Stream::Stdout, b"abc");
+        l.write(Stream::Stdout, &[b'x'; 1 << 20]);
+        // "abcxx" was logged, cut; the rest of the line is dropped as it
+        // comes, and nothing is kept for it.
+        assert_eq!(
+            (l.used, l.dropped_bytes, l.dropped_lines),
+            (o + 5, (1 << 20) - 2, 1)
+        );
+        assert!(l.pending[0].bytes.is_empty());
+        l.write(Stream::Stdout, b"yy\nz");
+        assert_eq!((l.dropped_bytes, l.dropped_lines), ((1 << 20) + 1, 2));
+        // The line's pending bytes, a carriage return off, at the finish.
+        let mut l = log(2 * o + 10);
+        l.write(Stream::Stderr, b"ab\r\ncd");
+        l.finish();
+        assert_eq!(
+            (l.used, l.dropped_bytes, l.dropped_lines),
+            (2 * o + 4, 0, 0)
+        );
     }
 
     #[test]
