@@ -135,7 +135,7 @@ fn secrets_come_from_files() {
     assert_eq!(
         sections(&out),
         format!(
-            "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken = \"***\"\ntoken_file = \"{creds_dir}/nats-token\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test\"\nmax_connections = 8\npassword_file = \"{creds_dir}/pg-password\"\n\n[service]\nshutdown_grace = \"30s\"\n\n[runtime]\ncache = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
+            "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken = \"***\"\ntoken_file = \"{creds_dir}/nats-token\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test\"\nmax_connections = 8\npassword_file = \"{creds_dir}/pg-password\"\naccept_non_durable_commit = false\n\n[service]\nshutdown_grace = \"30s\"\n\n[runtime]\ncache = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
         )
     );
     assert!(!out.contains("hunter"), "{out}");
