@@ -9,14 +9,16 @@ use crate::store::durability::CommitSettings;
 use sqlx::Row as _;
 
 impl Pool {
-    /// `PRAGMA synchronous` and `PRAGMA journal_mode` on each idle
-    /// connection at once (at least one).
+    /// `PRAGMA synchronous` and `PRAGMA journal_mode` on as many
+    /// connections at once as the pool holds at most, so every one it has
+    /// is read (one still being released is waited for). Call it while
+    /// nothing else holds a connection.
     pub(in crate::store) async fn commit_settings(
         &self,
     ) -> Result<Vec<CommitSettings>, sqlx::Error> {
         let mut held = Vec::new();
         let mut found = Vec::new();
-        for _ in 0..self.0.num_idle().max(1) {
+        for _ in 0..self.0.options().get_max_connections().max(1) {
             let mut conn = self.0.acquire().await?;
             let synchronous: i64 = sqlx::query("PRAGMA synchronous")
                 .fetch_one(&mut *conn)
