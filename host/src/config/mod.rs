@@ -242,8 +242,9 @@ pub struct DatabaseConfig {
     /// `synchronous_commit = off` or `fsync = off`, SQLite `synchronous`
     /// below FULL or journal off/in memory), warning once, instead of
     /// refusing to start: a crash may then lose effects already acked.
-    /// Default false (ARCHITECTURE.md, invariant 2).
-    #[serde(default)]
+    /// Default false (ARCHITECTURE.md, invariant 2); printed by `idem
+    /// config check` only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accept_non_durable_commit: bool,
 }
 
