@@ -193,6 +193,9 @@ impl Host {
                 })?;
             }
         }
+        // After the migrations, which run on the pool's connections.
+        db.check_durable_commit(config.database.accept_non_durable_commit)
+            .await?;
         let stop = CancellationToken::new();
         let gate = Arc::new(DbGate::new(db.clone(), stop.clone()));
         let nats = broker::connect(&config.broker).await?;

@@ -48,6 +48,24 @@ impl StartPosition {
     }
 }
 
+/// The messages a consumer created now at `policy` would never see, on a
+/// stream whose last sequence is `last_sequence`: `Some((first, last))`,
+/// the sequences not yet published that lie before its start, when its start
+/// sequence is past `last_sequence + 1`; `None` for every other policy. A
+/// consumer starts exactly at its start sequence, so the messages published
+/// in between would be skipped without a trace (ARCHITECTURE.md, "Code map",
+/// `broker/`: such a consumer is refused).
+pub fn skipped_past_end(policy: &DeliverPolicy, last_sequence: u64) -> Option<(u64, u64)> {
+    match *policy {
+        DeliverPolicy::ByStartSequence { start_sequence }
+            if start_sequence > last_sequence.saturating_add(1) =>
+        {
+            Some((last_sequence.saturating_add(1), start_sequence - 1))
+        }
+        _ => None,
+    }
+}
+
 impl FromStr for StartPosition {
     type Err = String;
 
@@ -142,5 +160,24 @@ mod tests {
         );
         assert!(!StartPosition::New.takes_stored_messages());
         assert!(StartPosition::All.takes_stored_messages());
+    }
+
+    #[test]
+    fn a_start_past_the_next_message_skips_the_gap() {
+        let seq = |n| StartPosition::Sequence(n).deliver_policy();
+        assert_eq!(skipped_past_end(&seq(20), 5), Some((6, 19)));
+        assert_eq!(skipped_past_end(&seq(7), 5), Some((6, 6)));
+        assert_eq!(skipped_past_end(&seq(6), 5), None);
+        assert_eq!(skipped_past_end(&seq(3), 5), None);
+        assert_eq!(skipped_past_end(&seq(2), 0), Some((1, 1)));
+        assert_eq!(skipped_past_end(&seq(1), 0), None);
+        assert_eq!(skipped_past_end(&seq(u64::MAX), u64::MAX), None);
+        for other in [
+            StartPosition::All,
+            StartPosition::New,
+            StartPosition::Time(OffsetDateTime::UNIX_EPOCH),
+        ] {
+            assert_eq!(skipped_past_end(&other.deliver_policy(), 5), None);
+        }
     }
 }

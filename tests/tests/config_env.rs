@@ -156,7 +156,7 @@ fn secrets_come_from_files() {
 #[test]
 fn an_unknown_key_in_the_environment_is_one_line() {
     let (_dir, cfg) = config(FILE);
-    let line = "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE\n";
+    let line = "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE, IDEM_DATABASE__ACCEPT_NON_DURABLE_COMMIT\n";
     let (code, out, err) = check(&cfg, &[("IDEM_DATABASE__NOPE", "1")]);
     assert_eq!((code, out.as_str(), err.as_str()), (1, "", line));
     // `idem run` stops on it the same way, before contacting anything.
@@ -205,7 +205,7 @@ fn every_problem_is_one_line() {
     let mut expected = vec![
         "idem: invalid environment variable IDEM_BROKER_URL: not read: a section and its key are separated by two underscores, as in IDEM_BROKER__URL".to_owned(),
         "idem: invalid environment variable IDEM_HANDLER__NAME: [[handler]] tables are read from the config file only; unset it".to_owned(),
-        "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE".to_owned(),
+        "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE, IDEM_DATABASE__ACCEPT_NON_DURABLE_COMMIT".to_owned(),
         format!("idem: invalid config {p}: [database] max_connections: expected u32, found string \"four\""),
         "idem: invalid environment variable IDEM_SERVICE__SHUTDOWN_GRACE: [service] shutdown_grace: expected a duration, found string \"soon\"".to_owned(),
         format!("idem: invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `identity`, `tables`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `batch`, `batch_linger`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"),

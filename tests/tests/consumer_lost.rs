@@ -161,11 +161,13 @@ async fn a_stream_created_again_is_read_from_its_first_message() {
     let mut h = HandlerSpec::new("credit", "credit");
     h.extra = "start = \"seq:3\"\n".into();
     let cfg = write_config(dir.path(), &nats, &db, &[h]);
-    let host = RunningHost::start(&cfg).await;
+    // Published first: a start past the stream's next message is refused.
+    create_stream(&nats, "ACCOUNTS", &[SUBJECT]).await;
     let js = nats.jetstream().await;
     for i in 0..5 {
         publish(&js, SUBJECT, &credit(&format!("p{i}"), 1, 1), &[]).await;
     }
+    let host = RunningHost::start(&cfg).await;
     host.wait_for("credit", "p2..p4", |s| s.processed == 3)
         .await;
     assert_eq!(db.balance(1).await, Some(3));

@@ -36,7 +36,10 @@ async fn show_on(
     message_id: Option<&str>,
     digest: Option<&str>,
 ) -> anyhow::Result<()> {
-    let handler = super::handler(config, config_path, name)?;
+    // A name `idem replay --as` wrote under is no handler's: its receipts
+    // are never pruned (ARCHITECTURE.md, invariant 7).
+    let handler = super::replay::as_name_of(config, config_path, name)?;
+    let retention = handler.map(|h| h.retention);
     if let Some(d) = digest
         && !crate::deploy::record::is_digest(d)
     {
@@ -48,10 +51,13 @@ async fn show_on(
     match message_id {
         None => {
             let summary = db.receipt_summary(name, digest).await?;
+            if retention.is_none() && summary.count == 0 && digest.is_none() {
+                anyhow::bail!(unknown_name(config, config_path, name));
+            }
             if let Some(d) = digest {
                 println!("digest: {d}");
             }
-            print!("{}", summary_text(name, &summary, handler.retention));
+            print!("{}", summary_text(name, &summary, retention));
             Ok(())
         }
         Some(id) => match db.receipt(name, id).await? {
@@ -59,26 +65,54 @@ async fn show_on(
                 print!("{}", receipt_text(&r));
                 Ok(())
             }
-            None => anyhow::bail!(
-                "no receipt for message `{}` of handler `{}`: it was never processed, or its receipt was pruned after the retention window ({}) or forgotten",
-                printable(id),
-                printable(name),
-                humantime::format_duration(handler.retention)
-            ),
+            None => match retention {
+                Some(retention) => anyhow::bail!(
+                    "no receipt for message `{}` of handler `{}`: it was never processed, or its receipt was pruned after the retention window ({}) or forgotten",
+                    printable(id),
+                    printable(name),
+                    humantime::format_duration(retention)
+                ),
+                None => anyhow::bail!(
+                    "no receipt for message `{}` under `{}` (no handler of {}; an `idem replay --as` name): it was never processed under that name, or its receipt was forgotten",
+                    printable(id),
+                    printable(name),
+                    config_path.display()
+                ),
+            },
         },
     }
 }
 
-/// What `idem receipts show --handler NAME` prints.
-pub fn summary_text(name: &str, s: &ReceiptSummary, retention: Duration) -> String {
-    let when = |ms: Option<i64>| ms.map_or("-".to_string(), time);
+/// The error for a name that is no handler of the config and has no
+/// receipts (or dead letters): most likely a mistyped handler name.
+pub fn unknown_name(config: &Config, config_path: &Path, name: &str) -> String {
+    let names: Vec<&str> = config.handlers.iter().map(|h| h.name.as_str()).collect();
     format!(
-        "handler: {}\nreceipts: {}\noldest: {} (published)\nnewest: {} (published)\nretention: {} (receipts of messages published earlier are pruned)\n",
+        "`{}` is no handler of {} (it has {}) and has nothing stored under it as an `idem replay --as` name; check the name",
+        printable(name),
+        config_path.display(),
+        names.join(", ")
+    )
+}
+
+/// What `idem receipts show --handler NAME` prints. `retention`: the
+/// handler's window; `None` for an `idem replay --as` name, whose receipts
+/// are never pruned.
+pub fn summary_text(name: &str, s: &ReceiptSummary, retention: Option<Duration>) -> String {
+    let when = |ms: Option<i64>| ms.map_or("-".to_string(), time);
+    let retention = match retention {
+        Some(r) => format!(
+            "{} (receipts of messages published earlier are pruned)",
+            humantime::format_duration(r)
+        ),
+        None => "none (no handler of the config has this name, written by idem replay --as: its receipts are never pruned)".to_string(),
+    };
+    format!(
+        "handler: {}\nreceipts: {}\noldest: {} (published)\nnewest: {} (published)\nretention: {retention}\n",
         printable(name),
         s.count,
         when(s.oldest_ms),
         when(s.newest_ms),
-        humantime::format_duration(retention)
     )
 }
 

@@ -59,24 +59,34 @@ impl Redriver {
     /// puts the deployed version in place as a starting host does
     /// ([`crate::deploy::at_start::use_deployed_via_broker`]).
     ///
+    /// `consumer` is the dead letters' consumer: the handler's name, or
+    /// the `idem replay --as` name they were written under (receipt and
+    /// PostgreSQL role take it, as in that replay).
+    ///
     /// # Errors
-    /// The wasm runtime cannot start, the component cannot be loaded, or
-    /// the broker holding the deployments cannot be reached (one line
-    /// naming the handler and what to do).
+    /// The database's commits are not durable (unless `[database]
+    /// accept_non_durable_commit`), the wasm runtime cannot start, the
+    /// component cannot be loaded, or the broker holding the deployments
+    /// cannot be reached (one line naming the handler and what to do).
     pub async fn new(
         config: &Config,
         handler: &HandlerConfig,
+        consumer: &str,
         db: Arc<Database>,
     ) -> anyhow::Result<Self> {
+        db.check_durable_commit(config.database.accept_non_durable_commit)
+            .await?;
         let runtime = Arc::new(
             Runtime::new().map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
         );
         let component = runtime
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;
-        let prepared = PreparedHandler::prepare(handler, component, runtime, &db).await;
+        let mut cfg = handler.clone();
+        consumer.clone_into(&mut cfg.name);
+        let prepared = PreparedHandler::prepare(&cfg, component, runtime, &db).await;
         crate::deploy::at_start::use_deployed_via_broker(config, handler, &prepared).await?;
-        tracing::info!(handler = %handler.name, digest = %prepared.slot().current().digest(), "redriving with this version");
+        tracing::info!(handler = %cfg.name, digest = %prepared.slot().current().digest(), "redriving with this version");
         Ok(Self {
             handler: prepared,
             db,
@@ -214,6 +224,64 @@ fn outcome_line(row: &DeadLetterRow, outcome: &Result<Redriven, StoreError>) -> 
     }
 }
 
+/// The handler that redrives `row`: the config's handler named after its
+/// consumer, or, for a name only `idem replay --as` makes (no handler's,
+/// ARCHITECTURE.md "Code map", `admin/`), the one handler of the config
+/// that reads the row's stream and subject, as that replay did.
+///
+/// # Errors
+/// One line: the consumer is no handler and no `--as` name, or no handler
+/// or several read the row's stream and subject.
+fn handler_for<'c>(
+    config: &'c Config,
+    config_path: &Path,
+    row: &DeadLetterRow,
+) -> anyhow::Result<&'c HandlerConfig> {
+    let not_in_config = || {
+        anyhow::anyhow!(
+            "{} belongs to handler `{}`, which is not in {}; add that handler to the config (or pass its config with --config), or drop the dead letter with `idem dlq drop {}`",
+            describe(row),
+            printable(&row.consumer),
+            config_path.display(),
+            row.id
+        )
+    };
+    if let Some(h) = config.handlers.iter().find(|h| h.name == row.consumer) {
+        return Ok(h);
+    }
+    if !super::replay::is_as_name(&row.consumer) {
+        return Err(not_in_config());
+    }
+    let readers: Vec<&HandlerConfig> = config
+        .handlers
+        .iter()
+        .filter(|h| {
+            h.stream == row.stream
+                && h.subjects
+                    .iter()
+                    .any(|p| crate::broker_config::captures(p, &row.subject))
+        })
+        .collect();
+    match readers.as_slice() {
+        [one] => Ok(one),
+        [] => Err(not_in_config()),
+        many => {
+            let names: Vec<&str> = many.iter().map(|h| h.name.as_str()).collect();
+            anyhow::bail!(
+                "{} was written under `{}` (an `idem replay --as` name) and handlers {} all read stream `{}` subject `{}`, so which one replayed it is unknown; run it again with `idem replay HANDLER --from-seq {seq} --to-seq {seq} --as {}`, then `idem dlq drop {}`",
+                describe(row),
+                printable(&row.consumer),
+                names.join(", "),
+                printable(&row.stream),
+                printable(&row.subject),
+                printable(&row.consumer),
+                row.id,
+                seq = row.stream_sequence
+            )
+        }
+    }
+}
+
 /// `idem dlq redrive ID`.
 pub async fn one(config_path: &Path, id: i64) -> anyhow::Result<()> {
     let (config, db) = super::open(config_path).await?;
@@ -236,19 +304,8 @@ async fn one_on(
     let Some(message_id) = row.message_id.clone() else {
         anyhow::bail!(no_message_id(&row));
     };
-    let handler = config
-        .handlers
-        .iter()
-        .find(|h| h.name == row.consumer)
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "{} belongs to handler `{}`, which is not in {}; add that handler to the config (or pass its config with --config), or drop the dead letter with `idem dlq drop {id}`",
-                describe(&row),
-                printable(&row.consumer),
-                config_path.display()
-            )
-        })?;
-    let redriver = Redriver::new(config, handler, db.clone()).await?;
+    let handler = handler_for(config, config_path, &row)?;
+    let redriver = Redriver::new(config, handler, &row.consumer, db.clone()).await?;
     warn_if_beyond_horizon(&row);
     let outcome = redriver.redrive(id, &message_id).await;
     let (line, ok) = outcome_line(&row, &outcome);
@@ -277,13 +334,41 @@ async fn all_on(
     db: &Arc<Database>,
     name: &str,
 ) -> anyhow::Result<()> {
-    let handler = super::handler(config, config_path, name)?;
+    let own = super::replay::as_name_of(config, config_path, name)?;
     let rows = db.list_dead_letters(Some(name)).await?;
-    if rows.is_empty() {
+    let Some(first) = rows.first() else {
+        if own.is_none() {
+            anyhow::bail!(super::receipts::unknown_name(config, config_path, name));
+        }
         println!("no dead letters of handler {}", printable(name));
         return Ok(());
+    };
+    // Under an `--as` name every row was written by one replay of one
+    // handler: the one that reads its stream and subject.
+    let handler = match own {
+        Some(h) => h,
+        None => handler_for(config, config_path, first)?,
+    };
+    if own.is_none()
+        && let Some(other) = rows.iter().find(|r| {
+            r.stream != first.stream
+                || !handler
+                    .subjects
+                    .iter()
+                    .any(|p| crate::broker_config::captures(p, &r.subject))
+        })
+    {
+        anyhow::bail!(
+            "{} is of stream `{}` subject `{}`, which handler `{}` (that redrives {}) does not read; redrive the dead letters of `{}` one by one (idem dlq redrive ID)",
+            describe(other),
+            printable(&other.stream),
+            printable(&other.subject),
+            handler.name,
+            describe(first),
+            printable(name)
+        );
     }
-    let redriver = Redriver::new(config, handler, db.clone()).await?;
+    let redriver = Redriver::new(config, handler, name, db.clone()).await?;
     let (mut processed, mut already, mut failed, mut skipped) = (0u64, 0u64, 0u64, 0u64);
     for row in &rows {
         let Some(message_id) = &row.message_id else {

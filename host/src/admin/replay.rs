@@ -145,6 +145,8 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let db = Arc::new(
         Database::connect_existing(&config.database.url, connections, config.lock_wait()).await?,
     );
+    db.check_durable_commit(config.database.accept_non_durable_commit)
+        .await?;
     let mut cfg = h.clone();
     cfg.name = name;
     let handler = PreparedHandler::prepare(&cfg, component, runtime, &db).await;
@@ -173,11 +175,7 @@ fn receipt_name(
     let Some(name) = as_name else {
         return Ok(h.name.clone());
     };
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
+    if !is_as_name(name) {
         anyhow::bail!(
             "--as `{}` may use only letters, digits, `-` and `_` (it names the receipts and dead letters, like a handler name)",
             printable(name)
@@ -190,6 +188,38 @@ fn receipt_name(
         );
     }
     Ok(name.to_owned())
+}
+
+/// Whether `name` is one `--as` takes: 1 or more ASCII letters, digits, `-`
+/// and `_`, like a handler's name. With the config's handlers' names these
+/// are every receipts' and dead letters' consumer a replay can write, so
+/// `idem receipts show` and `idem dlq redrive` take the same ones.
+pub fn is_as_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// The handler of `config` that writes receipts and dead letters under
+/// `consumer`: the handler of that name, or for a name only `--as` makes
+/// ([`is_as_name`], no handler's) `None`.
+///
+/// # Errors
+/// `consumer` is neither a handler of the config nor a name `--as` takes
+/// (one line listing the handlers).
+pub fn as_name_of<'c>(
+    config: &'c Config,
+    path: &std::path::Path,
+    consumer: &str,
+) -> anyhow::Result<Option<&'c HandlerConfig>> {
+    if let Some(h) = config.handlers.iter().find(|h| h.name == consumer) {
+        return Ok(Some(h));
+    }
+    if is_as_name(consumer) {
+        return Ok(None);
+    }
+    super::handler(config, path, consumer).map(Some)
 }
 
 /// Where the range starts.
@@ -531,6 +561,16 @@ async fn stop_on_signal(stop: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn as_names_are_handler_like() {
+        for ok in ["rebuild-1", "a", "A_b-9"] {
+            assert!(is_as_name(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a.b", "a/b", "ä", "a\n"] {
+            assert!(!is_as_name(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn since_is_a_time_or_an_age() {

@@ -179,6 +179,9 @@ pub async fn ensure_consumer_from(
             )));
         }
     };
+    if !existed {
+        refuse_start_past_end(handler, &deliver_policy, &stream)?;
+    }
     let consumer = stream
         .get_or_create_consumer(&handler.name, config.clone())
         .await
@@ -226,6 +229,44 @@ pub async fn ensure_consumer_from(
         stored: 0,
         stream_created,
     })
+}
+
+/// Refuses to create a consumer whose start sequence lies past the next
+/// message of `stream` ([`crate::start::skipped_past_end`]): the messages
+/// published up to it would be skipped, with no dead letter and nothing
+/// pending. Read before the consumer is created: a message published
+/// meanwhile only moves the stream's end closer to the start.
+///
+/// # Errors
+/// One line: the stream's last sequence, the messages that would be
+/// skipped, and the `start` values that skip nothing.
+fn refuse_start_past_end(
+    handler: &HandlerConfig,
+    deliver_policy: &DeliverPolicy,
+    stream: &stream::Stream,
+) -> anyhow::Result<()> {
+    let last = stream.cached_info().state.last_sequence;
+    let Some((first, until)) = crate::start::skipped_past_end(deliver_policy, last) else {
+        return Ok(());
+    };
+    let skipped = until - first + 1;
+    anyhow::bail!(
+        "handler `{}`: start = \"seq:{}\" is past the end of stream `{}`, whose last sequence is {last}: the new durable consumer would skip {} ({}) as they arrive; set start = \"seq:{}\" (the next message) or \"new\"",
+        handler.name,
+        until + 1,
+        handler.stream,
+        if skipped == 1 {
+            format!("message {first}")
+        } else {
+            format!("messages {first} to {until}")
+        },
+        if skipped == 1 {
+            "1 message".to_string()
+        } else {
+            format!("{skipped} messages")
+        },
+        first
+    )
 }
 
 /// What [`ensure_consumer`] found or made.

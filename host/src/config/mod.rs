@@ -239,6 +239,14 @@ pub struct DatabaseConfig {
     /// `$CREDENTIALS_DIRECTORY` when set, else the config file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
+    /// Run on a database whose commits are not durable (PostgreSQL
+    /// `synchronous_commit = off` or `fsync = off`, SQLite `synchronous`
+    /// below FULL or journal off/in memory), warning once, instead of
+    /// refusing to start: a crash may then lose effects already acked.
+    /// Default false (ARCHITECTURE.md, invariant 2); printed by `idem
+    /// config check` only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_non_durable_commit: bool,
 }
 
 impl std::fmt::Debug for DatabaseConfig {
@@ -247,6 +255,7 @@ impl std::fmt::Debug for DatabaseConfig {
             .field("url", &redact_url(&self.url))
             .field("max_connections", &self.max_connections)
             .field("password_file", &self.password_file)
+            .field("accept_non_durable_commit", &self.accept_non_durable_commit)
             .finish()
     }
 }
@@ -257,6 +266,7 @@ impl Default for DatabaseConfig {
             url: default_database_url(),
             max_connections: default_max_connections(),
             password_file: None,
+            accept_non_durable_commit: false,
         }
     }
 }

@@ -38,6 +38,7 @@ mod admin;
 pub mod advisory;
 mod batch;
 mod dead_letters;
+mod durability;
 mod error;
 mod postgres;
 mod receipts;
