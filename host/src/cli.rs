@@ -3,7 +3,7 @@
 //! …` ([`crate::admin`]).
 
 use crate::admin;
-use crate::config::{Config, ConfigError, IdentityRule};
+use crate::config::{Config, ConfigError};
 use crate::service::{Host, RunMode};
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -38,20 +38,9 @@ pub enum Command {
         #[arg(long)]
         drain: bool,
     },
-    /// Publish one message per line of a JSON Lines file.
-    Publish {
-        /// NATS URL.
-        #[arg(long, default_value = "nats://127.0.0.1:4222")]
-        broker: String,
-        /// Subject to publish to (a stream must capture it).
-        #[arg(long)]
-        subject: String,
-        /// Set `Nats-Msg-Id` from each line, e.g. `json:/event_id`.
-        #[arg(long)]
-        msg_id: Option<IdentityRule>,
-        /// The JSON Lines file.
-        file: PathBuf,
-    },
+    /// Publish one message per line of a JSON Lines file; stops at the
+    /// first line that cannot be stored (or skips it with `--skip-bad`).
+    Publish(crate::publish::PublishArgs),
     /// Dead letters: list, show, redrive, drop (the database; redrive also
     /// reads the deployed version from the broker).
     Dlq {
@@ -213,14 +202,7 @@ pub async fn main() -> i32 {
     crate::init_tracing(cli.log_format);
     let result = match cli.command {
         Command::Run { config, drain } => run(&config, drain).await,
-        Command::Publish {
-            broker,
-            subject,
-            msg_id,
-            file,
-        } => crate::publish::publish_file(&broker, &subject, &file, msg_id.as_ref())
-            .await
-            .map(|n| println!("published {n} messages to {subject}")),
+        Command::Publish(args) => crate::publish::run(args).await,
         Command::Dlq { command } => dlq(command).await,
         Command::Receipts { command } => receipts(command).await,
         Command::Config {

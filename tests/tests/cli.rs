@@ -1,6 +1,6 @@
 //! The `idem` command line: startup errors are one line and a non-zero exit;
-//! `idem publish` sends one message per line; a restart logs no database
-//! notices at the default level.
+//! a restart logs no database notices at the default level (`idem publish`
+//! is tests/tests/publish.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_tests::*;
@@ -72,68 +72,6 @@ fn unreachable_broker_is_one_line() {
     );
     let (code, err) = run_with(&toml);
     assert_one_line(code, &err, "nats://127.0.0.1:1");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publish_sends_one_message_per_line() {
-    let nats = Nats::start();
-    let js = nats.jetstream().await;
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "ACCOUNTS".into(),
-        subjects: vec!["accounts.credit".into()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(
-        &file,
-        format!(
-            "{}\n\n{}\n{}\n",
-            credit("e1", 1, 5),
-            credit("e2", 1, 5),
-            credit("e1", 1, 5)
-        ),
-    )
-    .unwrap();
-    let url = nats.url();
-    let f = file.to_str().unwrap();
-    let (code, out, err) = idem(&[
-        "publish",
-        "--broker",
-        &url,
-        "--subject",
-        "accounts.credit",
-        f,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), "published 3 messages to accounts.credit");
-    // With --msg-id, JetStream's own duplicate window drops the repeated e1.
-    let (code, out, err) = idem(&[
-        "publish",
-        "--broker",
-        &url,
-        "--subject",
-        "accounts.credit",
-        "--msg-id",
-        "json:/event_id",
-        f,
-    ]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), "published 3 messages to accounts.credit");
-    let mut stream = js.get_stream("ACCOUNTS").await.unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 5);
-
-    let (code, _, err) = idem(&[
-        "publish",
-        "--broker",
-        &url,
-        "--subject",
-        "nobody.listens",
-        f,
-    ]);
-    assert_one_line(code, &err, "is there a stream capturing it");
 }
 
 /// PostgreSQL's notices for what already exists ("relation … already exists,
