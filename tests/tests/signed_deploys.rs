@@ -206,7 +206,8 @@ async fn a_writer_without_the_deploy_key_decides_nothing() {
     let out = loop {
         let (code, out, err) = idem_cli(&["status", "--config", cfg.to_str().unwrap()], &[]);
         assert_eq!(code, 0, "{err}");
-        if out.contains(" refused ") || Instant::now() > deadline {
+        // Reports come every few seconds: wait for one after e1.
+        if out.contains(" processed=1 ") || Instant::now() > deadline {
             break out;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -659,4 +660,118 @@ fn keygen_writes_a_private_seed_and_deploy_refuses_a_readable_one() {
         )),
         "{err}"
     );
+}
+
+/// A report in the hosts bucket from no host (a plain NATS client wrote
+/// it), and a real host's signed report copied under another name and
+/// edited: `idem status` marks both unverified; `idem deploy --wait`
+/// counts only the real host and names what it ignored. With no
+/// `trusted_hosts`, every report is marked unverified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_reports_of_trusted_hosts_count() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = DeployKeys::of(dir.path());
+    let cfg = named_config(
+        dir.path(),
+        "idem.toml",
+        "rep",
+        &nats,
+        &db,
+        &guest("credit"),
+        "",
+    );
+    trust_in(&cfg, &keys);
+    let d1 = sha256_hex(&std::fs::read(guest("credit")).unwrap());
+    let d2 = sha256_hex(&std::fs::read(guest("credit-log")).unwrap());
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    let hosts = js.get_key_value("idem-hosts").await.unwrap();
+    // The real host's first report.
+    let real = loop {
+        let mut keys = hosts.keys().await.unwrap();
+        use futures::StreamExt as _;
+        if let Some(Ok(k)) = keys.next().await {
+            break k;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let value = hosts.get(&real).await.unwrap().unwrap();
+    let mut copied: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    copied["host"] = "copy-1".into();
+    hosts
+        .put("copy-1", serde_json::to_vec(&copied).unwrap().into())
+        .await
+        .unwrap();
+    let ghost = serde_json::json!({
+        "host": "ghost-1", "started_at": "2026-12-01T00:00:00Z",
+        "reported_at": "2099-01-01T00:00:00Z",
+        "handlers": [{"name": "rep", "digest": d1, "in_flight": 0, "processed": 0,
+                      "duplicates": 0, "dead_lettered": 0}]
+    });
+    hosts
+        .put("ghost-1", serde_json::to_vec(&ghost).unwrap().into())
+        .await
+        .unwrap();
+
+    let (code, out, err) = idem_cli(&["status", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    for start in [
+        format!("copy-1 [unverified] rep {d1} in_flight="),
+        format!("ghost-1 [unverified] rep {d1} in_flight="),
+        format!("{real} rep {d1} in_flight="),
+    ] {
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with(&start)).count(),
+            1,
+            "{start}: {out}"
+        );
+    }
+
+    let (code, out, err) = deploy(
+        &keys,
+        &cfg,
+        &[
+            "rep",
+            guest("credit-log").to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "20s",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1..],
+        [
+            format!("every live host runs {d2}: {real}"),
+            "ignored 2 unverified report(s), not signed by a key of [deploy] trusted_hosts: copy-1, ghost-1".to_owned()
+        ],
+        "{out}"
+    );
+    assert_eq!(host.slot("rep").current().digest(), d2);
+
+    // A config that trusts no host: nothing it shows is verified.
+    let untrusting = named_config(
+        dir.path(),
+        "untrusting.toml",
+        "rep",
+        &nats,
+        &db,
+        &guest("credit"),
+        "",
+    );
+    let (code, out, err) = idem_cli(&["status", "--config", untrusting.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.contains(" [unverified] rep "))
+            .count(),
+        3,
+        "{out}"
+    );
+    host.stop().await;
 }

@@ -19,7 +19,7 @@ use crate::cli::ConfigArg;
 use crate::config::Config;
 use crate::deploy::Deployment;
 use crate::deploy::heartbeat::HostReport;
-use crate::deploy::keys::{Role, generate, read_seed};
+use crate::deploy::keys::{Role, generate, public_key, read_seed};
 use crate::deploy::record::{MAX_BY_BYTES, MAX_NOTE_BYTES, bounded, escaped};
 use crate::deploy::store::DeployStore;
 use crate::runtime::{LoadOptions, Runtime};
@@ -332,8 +332,24 @@ async fn history(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every live host's report.
-async fn reports(store: &DeployStore) -> anyhow::Result<Vec<HostReport>> {
+/// The largest host report read (bytes of JSON).
+const MAX_REPORT_BYTES: usize = 256 * 1024;
+
+/// A live host's report and whether a key of `[deploy] trusted_hosts`
+/// signed it.
+struct Report {
+    report: HostReport,
+    verified: bool,
+}
+
+/// Every live host's report, by host id.
+async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> {
+    let trusted: Vec<nkeys::KeyPair> = store
+        .config()
+        .trusted_hosts
+        .iter()
+        .filter_map(|k| public_key(k, Role::Host).ok())
+        .collect();
     let keys: Vec<String> = match store.hosts().keys().await {
         Ok(keys) => keys.try_collect().await.unwrap_or_default(),
         Err(e) => anyhow::bail!("cannot list the hosts bucket: {e}"),
@@ -341,18 +357,21 @@ async fn reports(store: &DeployStore) -> anyhow::Result<Vec<HostReport>> {
     let mut reports = Vec::new();
     for key in keys {
         if let Ok(Some(value)) = store.hosts().get(&key).await
+            && value.len() <= MAX_REPORT_BYTES
             && let Ok(report) = serde_json::from_slice::<HostReport>(&value)
         {
-            reports.push(report);
+            let verified = report.verified(&key, &trusted);
+            reports.push(Report { report, verified });
         }
     }
-    reports.sort_by(|a, b| a.host.cmp(&b.host));
+    reports.sort_by(|a, b| a.report.host.cmp(&b.report.host));
     Ok(reports)
 }
 
 /// Waits until every live host that runs `handler` runs `digest`, as told
 /// by a report it wrote after `since` (the deploy): an older report says
-/// what the host ran before.
+/// what the host ran before. With `[deploy] trusted_hosts`, only verified
+/// reports count; the others are named once, as ignored.
 async fn wait_for_hosts(
     store: &DeployStore,
     handler: &str,
@@ -361,18 +380,28 @@ async fn wait_for_hosts(
     since: OffsetDateTime,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
+    let verified_only = !store.config().trusted_hosts.is_empty();
     loop {
-        let (mut on, mut behind) = (Vec::new(), Vec::new());
-        for r in reports(store).await? {
+        let (mut on, mut behind, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
+        for Report {
+            report: r,
+            verified,
+        } in reports(store).await?
+        {
+            let host = bounded(&r.host);
+            if verified_only && !verified {
+                ignored.push(host);
+                continue;
+            }
             let fresh = OffsetDateTime::parse(&r.reported_at, &Rfc3339).is_ok_and(|at| at >= since);
             for h in r.handlers.iter().filter(|h| h.name == handler) {
                 match &h.refused {
-                    _ if fresh && h.digest == digest => on.push(r.host.clone()),
+                    _ if fresh && h.digest == digest => on.push(host.clone()),
                     Some((d, reason)) if fresh && d == digest => {
-                        behind.push(format!("{} (refused it: {reason})", r.host));
+                        behind.push(format!("{host} (refused it: {})", escaped(reason, 400)));
                     }
-                    _ if !fresh => behind.push(format!("{} (no report since the deploy)", r.host)),
-                    _ => behind.push(format!("{} (runs {})", r.host, h.digest)),
+                    _ if !fresh => behind.push(format!("{host} (no report since the deploy)")),
+                    _ => behind.push(format!("{host} (runs {})", bounded(&h.digest))),
                 }
             }
         }
@@ -381,6 +410,13 @@ async fn wait_for_hosts(
                 println!("no live host runs `{handler}`");
             } else {
                 println!("every live host runs {digest}: {}", on.join(", "));
+            }
+            if !ignored.is_empty() {
+                println!(
+                    "ignored {} unverified report(s), not signed by a key of [deploy] trusted_hosts: {}",
+                    ignored.len(),
+                    ignored.join(", ")
+                );
             }
             return Ok(());
         }
@@ -395,7 +431,9 @@ async fn wait_for_hosts(
     }
 }
 
-/// Runs `idem status`: one line per live host and handler.
+/// Runs `idem status`: one line per live host and handler; a host whose
+/// report no key of `[deploy] trusted_hosts` signed is marked
+/// `[unverified]`.
 ///
 /// # Errors
 /// The broker cannot be reached or the buckets cannot be opened.
@@ -409,7 +447,17 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
     // Per handler, the latest record the config's trusted keys vouch for.
     let mut deployed_of = std::collections::HashMap::new();
-    for r in reports {
+    for Report {
+        report: r,
+        verified,
+    } in reports
+    {
+        // Shown as verified only when a trusted host key signed it.
+        let host = if verified {
+            bounded(&r.host)
+        } else {
+            format!("{} [unverified]", bounded(&r.host))
+        };
         for h in &r.handlers {
             if !deployed_of.contains_key(&h.name) {
                 let believed = match store.history(&h.name).await {
@@ -436,7 +484,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 .unwrap_or_default();
             println!(
                 "{} {} {}{deployed} in_flight={} processed={} duplicates={} dead_lettered={} since {}{refused}",
-                bounded(&r.host),
+                host,
                 bounded(&h.name),
                 bounded(&h.digest),
                 h.in_flight,
