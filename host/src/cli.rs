@@ -68,6 +68,10 @@ pub enum Command {
     Deploy(admin::deploy::DeployArgs),
     /// What every live host runs: one line per host and handler.
     Status(admin::deploy::StatusArgs),
+    /// Make a deploy key (or, with --host, a host key): writes its seed to
+    /// a new file (mode 0600) and prints its public key, for `[deploy]
+    /// trusted_keys` (or `trusted_hosts`).
+    Keygen(admin::deploy::KeygenArgs),
 }
 
 /// `idem config …`.
@@ -211,6 +215,7 @@ pub async fn main() -> i32 {
         Command::Replay(args) => admin::replay::run(args).await,
         Command::Deploy(args) => admin::deploy::run(args).await,
         Command::Status(args) => admin::deploy::status(args).await,
+        Command::Keygen(args) => admin::deploy::keygen(&args),
     };
     match result {
         Ok(()) => 0,

@@ -70,6 +70,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "idem_log_bytes_dropped_total",
         "Guest log bytes dropped by the per-message cap.",
     ),
+    (
+        "idem_deploy_refused_total",
+        "Deployment records this host refused, by reason (unsigned, untrusted_key, bad_signature, other_handler, replayed, not_a_record, component).",
+    ),
 ];
 
 /// Histogram names (seconds) with their help text.
@@ -152,6 +156,18 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         }
     }
     Ok(handle)
+}
+
+/// Counts one deployment record of `handler` this host refused
+/// (`idem_deploy_refused_total`), `reason` being one of the fixed set of
+/// [`crate::deploy::trust::Refusal::label`].
+pub fn deploy_refused(handler: &str, reason: &'static str) {
+    metrics::counter!(
+        "idem_deploy_refused_total",
+        HANDLER_LABEL => handler.to_owned(),
+        "reason" => reason
+    )
+    .increment(1);
 }
 
 /// One counter: an atomic read by the stats line and the tests, and the

@@ -12,6 +12,7 @@ mod arena;
 pub mod chaos;
 pub mod clock;
 mod db;
+pub mod deploy_keys;
 pub mod examples;
 mod host;
 mod nats;

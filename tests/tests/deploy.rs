@@ -14,13 +14,15 @@ use idem::config::DeployConfig;
 use idem::deploy::Deployment;
 use idem::deploy::store::{DeployStore, RecordError};
 use idem_tests::chaos::{HostProcess, publish_all};
+use idem_tests::deploy_keys::{DeployKeys, trust_in};
 use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// `idem.toml` for handler `h` (module: the credit component, v1),
-/// granted `accounts` and `credit_log`.
+/// granted `accounts` and `credit_log`, trusting the test's keys
+/// ([`DeployKeys::of`] `dir`).
 fn config(dir: &Path, nats_url: &str, db_url: &str, extra: &str) -> PathBuf {
     let cfg = dir.join("idem.toml");
     std::fs::write(
@@ -32,13 +34,15 @@ fn config(dir: &Path, nats_url: &str, db_url: &str, extra: &str) -> PathBuf {
         ),
     )
     .unwrap();
+    trust_in(&cfg, &DeployKeys::of(dir));
     cfg
 }
 
+/// `idem deploy --config cfg ARGS`, signing with the test's deploy key.
 fn deploy(cfg: &Path, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["deploy", "--config", cfg.to_str().unwrap()];
     all.extend_from_slice(args);
-    idem_cli(&all, &[])
+    idem_cli(&all, &DeployKeys::of(cfg.parent().unwrap()).env())
 }
 
 /// The credit component with a core start function that traps: it loads
@@ -219,8 +223,9 @@ async fn deploy_rollback_history_and_refusals() {
     );
     assert!(history[2].ends_with("  note rollback"), "{out}");
 
-    // Records the deploy command would never write, put by hand: the host
-    // refuses each and keeps v1.
+    // Records the deploy command would never write, put by hand by a
+    // holder of the deploy key (signed): the host refuses each and keeps v1.
+    let keys = DeployKeys::of(dir.path());
     let store = DeployStore::open(&js, &DeployConfig::default())
         .await
         .unwrap();
@@ -230,51 +235,54 @@ async fn deploy_rollback_history_and_refusals() {
     let missing = sha256_hex(b"never stored");
     for (record, refused_digest, says) in [
         (
-            Deployment {
+            Some(Deployment {
                 digest: missing.clone(),
                 previous: None,
                 deployed_at: "2026-12-01T00:00:00Z".into(),
                 note: String::new(),
                 size: 1,
                 by: "hand".into(),
-            }
-            .to_value(),
+                ..Default::default()
+            }),
             missing.clone(),
             "is not in object store bucket idem-modules",
         ),
         (
-            Deployment {
+            Some(Deployment {
                 digest: dg.clone(),
                 previous: None,
                 deployed_at: "2026-12-01T00:00:00Z".into(),
                 note: String::new(),
                 size: garbage.len() as u64,
                 by: "hand".into(),
-            }
-            .to_value(),
+                ..Default::default()
+            }),
             dg.clone(),
             "not a WebAssembly file",
         ),
+        (None, String::new(), "not a deployment record"),
         (
-            b"{not json".to_vec(),
-            String::new(),
-            "not a deployment record",
-        ),
-        (
-            Deployment {
+            Some(Deployment {
                 digest: dg.clone(),
                 previous: None,
                 deployed_at: "2026-12-01T00:00:00Z".into(),
                 note: String::new(),
                 size: 1,
                 by: "hand".into(),
-            }
-            .to_value(),
+                ..Default::default()
+            }),
             dg.clone(),
             "not the 1 its deployment record gives",
         ),
     ] {
-        let revision = store.deployments().put("h", record.into()).await.unwrap();
+        let revision = match record {
+            Some(d) => keys.put_signed(&store, "h", d).await,
+            None => store
+                .deployments()
+                .put("h", b"{not json".to_vec().into())
+                .await
+                .unwrap(),
+        };
         let expect = if refused_digest.is_empty() {
             format!("revision {revision}")
         } else {
@@ -331,12 +339,9 @@ async fn deploy_rollback_history_and_refusals() {
         note: String::new(),
         size: v2_bytes.len() as u64,
         by: "hand".into(),
+        ..Default::default()
     };
-    store
-        .deployments()
-        .put("h", record.to_value().into())
-        .await
-        .unwrap();
+    keys.put_signed(&store, "h", record).await;
     eventually("v2 refused while its object is missing", || {
         slot.refused().is_some_and(|r| r.digest == d2)
     })
@@ -366,8 +371,9 @@ async fn deploy_rollback_history_and_refusals() {
                 note: String::new(),
                 size: 1,
                 by: "racer".into(),
+                replaces: current.revision - 1,
+                ..Default::default()
             },
-            Some(current.revision - 1),
         )
         .await;
     assert!(matches!(stale, Err(RecordError::Stale { .. })), "{stale:?}");
@@ -394,12 +400,9 @@ async fn deploy_rollback_history_and_refusals() {
         note: String::new(),
         size: v2_size,
         by: "hand".into(),
+        ..Default::default()
     };
-    store
-        .deployments()
-        .put("h", record.to_value().into())
-        .await
-        .unwrap();
+    keys.put_signed(&store, "h", record).await;
     let host = RunningHost::start(&cfg).await;
     let slot = host.slot("h").clone();
     assert_eq!(slot.current().digest(), d2);

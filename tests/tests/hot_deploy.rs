@@ -6,13 +6,14 @@
 //! component from wasmtime's compiled-code cache instead of compiling it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use idem_tests::deploy_keys::{DeployKeys, trust_in};
 use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
 
 /// `idem.toml` in `dir` for handler `h` running `module`, granted
 /// `accounts` and `credit_log`, with `extra` lines in the handler table and
-/// `runtime` as the `[runtime]` table's body.
+/// `runtime` as the `[runtime]` table's body, trusting the test's keys.
 fn config(
     dir: &Path,
     nats: &Nats,
@@ -33,6 +34,7 @@ fn config(
         ),
     )
     .unwrap();
+    trust_in(&cfg, &DeployKeys::of(dir));
     cfg
 }
 

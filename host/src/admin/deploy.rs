@@ -7,13 +7,21 @@
 //! then records the deployment with a compare-and-set on the handler's KV
 //! revision, so of two deploys racing from the same revision one is
 //! refused. Nothing changes when any step before the record fails.
+//!
+//! The record is signed with the operator's deploy key (`--key`, an NKey
+//! seed file, [`crate::deploy::keys`]) over the handler, the digest, the
+//! size and the revision it replaces ([`crate::deploy::trust`]). What runs
+//! now, and what `--rollback` returns to, is read from the records the
+//! config's `[deploy] trusted_keys` vouch for, never from one they do not.
 
 use super::handler;
 use crate::cli::ConfigArg;
 use crate::config::Config;
 use crate::deploy::Deployment;
 use crate::deploy::heartbeat::HostReport;
-use crate::deploy::store::{Current, DeployStore};
+use crate::deploy::keys::{Role, generate, public_key, read_seed};
+use crate::deploy::record::{MAX_BY_BYTES, MAX_NOTE_BYTES, bounded, escaped};
+use crate::deploy::store::DeployStore;
 use crate::runtime::{LoadOptions, Runtime};
 use clap::{ArgGroup, Args};
 use futures::TryStreamExt as _;
@@ -51,6 +59,22 @@ pub struct DeployArgs {
     /// How long `--wait` waits, e.g. `60s`, `2m`.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// The deploy key: a file holding its NKey seed (`SM…`, made by `idem
+    /// keygen FILE`), readable by its owner only. Its public key must be in
+    /// the config's `[deploy] trusted_keys`.
+    #[arg(long, env = "IDEM_SIGNING_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+/// `idem keygen`'s arguments.
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Where to write the seed (a new file, mode 0600; never overwritten).
+    pub file: PathBuf,
+    /// A host key (`SN…`, for `[deploy] host_key`) instead of a deploy key
+    /// (`SM…`, for `idem deploy --key`).
+    #[arg(long)]
+    pub host: bool,
 }
 
 /// `idem status`'s arguments.
@@ -71,18 +95,26 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     let path = &args.config.config;
     let config = Config::load(path)?;
     let h = handler(&config, path, &args.handler)?.clone();
+    // The key first: a deploy that cannot be signed contacts nothing.
+    let key = if args.history {
+        None
+    } else {
+        Some(signing_key(&config, args.key.as_deref(), path)?)
+    };
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
-    if args.history {
+    let Some(key) = key else {
         return history(&store, &h.name).await;
-    }
-    let current = store.current(&h.name).await?;
-    let running = match &current {
-        Some(Current {
-            deployment: Ok(d), ..
-        }) => Some(d.clone()),
-        _ => None,
     };
+    // What the hosts run: the latest record the trusted keys vouch for. A
+    // record they do not is never the source of `previous` or a rollback.
+    let history = store.history(&h.name).await?;
+    let running = history
+        .records
+        .iter()
+        .rev()
+        .find_map(|c| store.believe_in(&h.name, c, &history).ok());
+    let replaces = store.last_revision(&h.name).await?;
     let (bytes, origin) = if args.rollback {
         let Some(previous) = running.as_ref().and_then(|d| d.previous.clone()) else {
             anyhow::bail!(
@@ -121,7 +153,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         // Recorded again (a new revision, the same previous): a host that
         // refused it, say while its object was missing, tries again.
         store.put_module(&digest, &bytes).await?;
-        let again = Deployment {
+        let mut again = Deployment {
             deployed_at: started.format(&Rfc3339).unwrap_or_default(),
             note: if args.note.is_empty() {
                 "deployed again".to_owned()
@@ -129,11 +161,11 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
                 args.note.clone()
             },
             by: who(),
+            replaces,
             ..d.clone()
         };
-        let revision = store
-            .record(&h.name, &again, current.as_ref().map(|c| c.revision))
-            .await?;
+        sign(&key, &h.name, &mut again)?;
+        let revision = store.record(&h.name, &again).await?;
         println!(
             "`{}` already had {digest} deployed; recorded again (revision {revision}) so hosts that refused it try again",
             h.name
@@ -144,7 +176,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
             (n, true) if n.is_empty() => "rollback".to_owned(),
             (n, _) => n.clone(),
         };
-        let deployment = Deployment {
+        let mut deployment = Deployment {
             digest: digest.clone(),
             previous: previous.filter(|p| *p != digest),
             deployed_at: OffsetDateTime::now_utc()
@@ -153,10 +185,13 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
             note,
             size: bytes.len() as u64,
             by: who(),
+            handler: String::new(),
+            replaces,
+            signer: String::new(),
+            signature: String::new(),
         };
-        let revision = store
-            .record(&h.name, &deployment, current.as_ref().map(|c| c.revision))
-            .await?;
+        sign(&key, &h.name, &mut deployment)?;
+        let revision = store.record(&h.name, &deployment).await?;
         println!(
             "deployed {digest} to `{}` (revision {revision}{})",
             h.name,
@@ -170,6 +205,55 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     if args.wait {
         wait_for_hosts(&store, &h.name, &digest, args.timeout, started).await?;
     }
+    Ok(())
+}
+
+/// The deploy key `--key` (or `IDEM_SIGNING_KEY`) names, checked to be one
+/// `config`'s hosts trust.
+fn signing_key(
+    config: &Config,
+    key: Option<&std::path::Path>,
+    path: &std::path::Path,
+) -> anyhow::Result<nkeys::KeyPair> {
+    let Some(file) = key else {
+        anyhow::bail!(
+            "no deploy key: give --key FILE or set IDEM_SIGNING_KEY (`idem keygen FILE` makes one; its public key goes in [deploy] trusted_keys of every host's config)"
+        );
+    };
+    let pair = read_seed(file, Role::Deploy).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let public = pair.public_key();
+    if !config.deploy.trusted_keys.contains(&public) {
+        anyhow::bail!(
+            "the deploy key {} ({public}) is not in [deploy] trusted_keys of {}: hosts with this config would refuse what it signs; add it there (and to every host's config) first",
+            file.display(),
+            path.display()
+        );
+    }
+    Ok(pair)
+}
+
+/// `d` signed with `key` for `handler`.
+fn sign(key: &nkeys::KeyPair, handler: &str, d: &mut Deployment) -> anyhow::Result<()> {
+    if d.note.len() > MAX_NOTE_BYTES {
+        anyhow::bail!("--note is over {MAX_NOTE_BYTES} bytes; shorten it");
+    }
+    let mut cut = d.by.len().min(MAX_BY_BYTES);
+    while !d.by.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    d.by.truncate(cut);
+    crate::deploy::trust::sign(key, handler, d).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Runs `idem keygen`: a new deploy (or host) key, its seed written to a new
+/// file readable by its owner only; prints its public key.
+///
+/// # Errors
+/// One line: the file exists or cannot be written.
+pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
+    let role = if args.host { Role::Host } else { Role::Deploy };
+    let public = generate(&args.file, role).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("{public}");
     Ok(())
 }
 
@@ -207,38 +291,65 @@ fn who() -> String {
     format!("{user}@{}", crate::deploy::heartbeat::hostname())
 }
 
-/// Prints `handler`'s deployments, oldest first, one a line.
+/// Prints `handler`'s deployments, oldest first, one a line: each with
+/// the key that signed it, or why hosts refuse it (text from the record
+/// escaped).
 async fn history(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
-    let entries = store.history(handler).await?;
-    if entries.is_empty() {
+    let history = store.history(handler).await?;
+    if history.records.is_empty() {
         println!("no deployments of `{handler}`");
     }
-    for Current {
-        revision,
-        deployment,
-    } in entries
-    {
-        match deployment {
-            Ok(d) => println!(
-                "revision {revision}  {}  {}  previous {}  by {}{}",
-                d.deployed_at,
-                d.digest,
-                d.previous.as_deref().unwrap_or("-"),
-                if d.by.is_empty() { "-" } else { &d.by },
-                if d.note.is_empty() {
-                    String::new()
-                } else {
-                    format!("  note {}", d.note)
-                }
-            ),
-            Err(reason) => println!("revision {revision}  not a deployment: {reason}"),
-        }
+    for c in &history.records {
+        let d = match &c.deployment {
+            Ok(d) => d,
+            Err(reason) => {
+                println!("revision {}  not a deployment: {reason}", c.revision);
+                continue;
+            }
+        };
+        let trust = match store.believe_in(handler, c, &history) {
+            Ok(_) => format!("signed {}", d.signer),
+            Err(r) => format!("REFUSED ({}: {r})", r.reason.label()),
+        };
+        println!(
+            "revision {}  {}  {}  previous {}  by {}  {trust}{}",
+            c.revision,
+            bounded(&d.deployed_at),
+            d.digest,
+            d.previous.as_deref().unwrap_or("-"),
+            if d.by.is_empty() {
+                "-".to_owned()
+            } else {
+                bounded(&d.by)
+            },
+            if d.note.is_empty() {
+                String::new()
+            } else {
+                format!("  note {}", escaped(&d.note, MAX_NOTE_BYTES))
+            }
+        );
     }
     Ok(())
 }
 
-/// Every live host's report.
-async fn reports(store: &DeployStore) -> anyhow::Result<Vec<HostReport>> {
+/// The largest host report read (bytes of JSON).
+const MAX_REPORT_BYTES: usize = 256 * 1024;
+
+/// A live host's report and whether a key of `[deploy] trusted_hosts`
+/// signed it.
+struct Report {
+    report: HostReport,
+    verified: bool,
+}
+
+/// Every live host's report, by host id.
+async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> {
+    let trusted: Vec<nkeys::KeyPair> = store
+        .config()
+        .trusted_hosts
+        .iter()
+        .filter_map(|k| public_key(k, Role::Host).ok())
+        .collect();
     let keys: Vec<String> = match store.hosts().keys().await {
         Ok(keys) => keys.try_collect().await.unwrap_or_default(),
         Err(e) => anyhow::bail!("cannot list the hosts bucket: {e}"),
@@ -246,18 +357,21 @@ async fn reports(store: &DeployStore) -> anyhow::Result<Vec<HostReport>> {
     let mut reports = Vec::new();
     for key in keys {
         if let Ok(Some(value)) = store.hosts().get(&key).await
+            && value.len() <= MAX_REPORT_BYTES
             && let Ok(report) = serde_json::from_slice::<HostReport>(&value)
         {
-            reports.push(report);
+            let verified = report.verified(&key, &trusted);
+            reports.push(Report { report, verified });
         }
     }
-    reports.sort_by(|a, b| a.host.cmp(&b.host));
+    reports.sort_by(|a, b| a.report.host.cmp(&b.report.host));
     Ok(reports)
 }
 
 /// Waits until every live host that runs `handler` runs `digest`, as told
 /// by a report it wrote after `since` (the deploy): an older report says
-/// what the host ran before.
+/// what the host ran before. With `[deploy] trusted_hosts`, only verified
+/// reports count; the others are named once, as ignored.
 async fn wait_for_hosts(
     store: &DeployStore,
     handler: &str,
@@ -266,18 +380,28 @@ async fn wait_for_hosts(
     since: OffsetDateTime,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
+    let verified_only = !store.config().trusted_hosts.is_empty();
     loop {
-        let (mut on, mut behind) = (Vec::new(), Vec::new());
-        for r in reports(store).await? {
+        let (mut on, mut behind, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
+        for Report {
+            report: r,
+            verified,
+        } in reports(store).await?
+        {
+            let host = bounded(&r.host);
+            if verified_only && !verified {
+                ignored.push(host);
+                continue;
+            }
             let fresh = OffsetDateTime::parse(&r.reported_at, &Rfc3339).is_ok_and(|at| at >= since);
             for h in r.handlers.iter().filter(|h| h.name == handler) {
                 match &h.refused {
-                    _ if fresh && h.digest == digest => on.push(r.host.clone()),
+                    _ if fresh && h.digest == digest => on.push(host.clone()),
                     Some((d, reason)) if fresh && d == digest => {
-                        behind.push(format!("{} (refused it: {reason})", r.host));
+                        behind.push(format!("{host} (refused it: {})", escaped(reason, 400)));
                     }
-                    _ if !fresh => behind.push(format!("{} (no report since the deploy)", r.host)),
-                    _ => behind.push(format!("{} (runs {})", r.host, h.digest)),
+                    _ if !fresh => behind.push(format!("{host} (no report since the deploy)")),
+                    _ => behind.push(format!("{host} (runs {})", bounded(&h.digest))),
                 }
             }
         }
@@ -286,6 +410,13 @@ async fn wait_for_hosts(
                 println!("no live host runs `{handler}`");
             } else {
                 println!("every live host runs {digest}: {}", on.join(", "));
+            }
+            if !ignored.is_empty() {
+                println!(
+                    "ignored {} unverified report(s), not signed by a key of [deploy] trusted_hosts: {}",
+                    ignored.len(),
+                    ignored.join(", ")
+                );
             }
             return Ok(());
         }
@@ -300,7 +431,9 @@ async fn wait_for_hosts(
     }
 }
 
-/// Runs `idem status`: one line per live host and handler.
+/// Runs `idem status`: one line per live host and handler; a host whose
+/// report no key of `[deploy] trusted_hosts` signed is marked
+/// `[unverified]`.
 ///
 /// # Errors
 /// The broker cannot be reached or the buckets cannot be opened.
@@ -312,32 +445,53 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if reports.is_empty() {
         println!("no live hosts");
     }
-    for r in reports {
+    // Per handler, the latest record the config's trusted keys vouch for.
+    let mut deployed_of = std::collections::HashMap::new();
+    for Report {
+        report: r,
+        verified,
+    } in reports
+    {
+        // Shown as verified only when a trusted host key signed it.
+        let host = if verified {
+            bounded(&r.host)
+        } else {
+            format!("{} [unverified]", bounded(&r.host))
+        };
         for h in &r.handlers {
-            let deployed = match store.current(&h.name).await {
-                Ok(Some(Current {
-                    deployment: Ok(d), ..
-                })) if d.digest == h.digest => " (deployed)".to_owned(),
-                Ok(Some(Current {
-                    deployment: Ok(d), ..
-                })) => format!(" (deployed: {})", d.digest),
-                _ => String::new(),
+            if !deployed_of.contains_key(&h.name) {
+                let believed = match store.history(&h.name).await {
+                    Ok(history) => history
+                        .records
+                        .iter()
+                        .rev()
+                        .find_map(|c| store.believe_in(&h.name, c, &history).ok())
+                        .map(|d| d.digest),
+                    Err(_) => None,
+                };
+                deployed_of.insert(h.name.clone(), believed);
+            }
+            let deployed = match deployed_of.get(&h.name).cloned().flatten() {
+                Some(d) if d == h.digest => " (deployed)".to_owned(),
+                Some(d) => format!(" (deployed: {d})"),
+                None => String::new(),
             };
+            // A report is text from the broker: escaped and bounded.
             let refused = h
                 .refused
                 .as_ref()
-                .map(|(d, reason)| format!(" refused {d}: {reason}"))
+                .map(|(d, reason)| format!(" refused {}: {}", bounded(d), escaped(reason, 400)))
                 .unwrap_or_default();
             println!(
                 "{} {} {}{deployed} in_flight={} processed={} duplicates={} dead_lettered={} since {}{refused}",
-                r.host,
-                h.name,
-                h.digest,
+                host,
+                bounded(&h.name),
+                bounded(&h.digest),
                 h.in_flight,
                 h.processed,
                 h.duplicates,
                 h.dead_lettered,
-                r.started_at
+                bounded(&r.started_at)
             );
         }
     }

@@ -24,10 +24,12 @@
 
 mod broker;
 pub mod database_url;
+mod deploy;
 mod handler;
 pub mod sources;
 
 pub use broker::{BrokerAuth, BrokerConfig};
+pub use deploy::DeployConfig;
 
 pub use handler::{HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_BATCH};
 pub use sources::Problem;
@@ -142,56 +144,6 @@ impl RuntimeConfig {
             .or_else(|| dirs::cache_dir().map(|d| d.join("idem")))?;
         Some(base.join("wasmtime"))
     }
-}
-
-/// `[deploy]`: where `idem deploy` puts new handler versions and the hosts
-/// find them (JetStream buckets on the broker of `[broker]`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeployConfig {
-    /// Whether a running host follows the deployments bucket: runs each
-    /// handler's deployed version, and swaps in a new one when it is
-    /// deployed. Default true. Off, the host runs the config's `module`.
-    #[serde(default = "default_follow")]
-    pub follow: bool,
-    /// JetStream Object Store bucket of the deployed components, each named
-    /// by its SHA-256 (hex). Default `idem-modules`.
-    #[serde(default = "default_modules_bucket")]
-    pub modules_bucket: String,
-    /// JetStream KV bucket of the deployments: key = handler name, value =
-    /// the deployment ([`crate::deploy::Deployment`]), history kept.
-    /// Default `idem-deployments`.
-    #[serde(default = "default_deployments_bucket")]
-    pub deployments_bucket: String,
-    /// JetStream KV bucket where each running host reports what it runs
-    /// (`idem status`, `idem deploy --wait`); entries expire when a host
-    /// stops reporting. Default `idem-hosts`.
-    #[serde(default = "default_hosts_bucket")]
-    pub hosts_bucket: String,
-}
-
-impl Default for DeployConfig {
-    fn default() -> Self {
-        Self {
-            follow: default_follow(),
-            modules_bucket: default_modules_bucket(),
-            deployments_bucket: default_deployments_bucket(),
-            hosts_bucket: default_hosts_bucket(),
-        }
-    }
-}
-
-fn default_follow() -> bool {
-    true
-}
-fn default_modules_bucket() -> String {
-    "idem-modules".into()
-}
-fn default_deployments_bucket() -> String {
-    "idem-deployments".into()
-}
-fn default_hosts_bucket() -> String {
-    "idem-hosts".into()
 }
 
 /// `[service]`: how the host runs as a service.

@@ -176,7 +176,14 @@ pub(super) fn load(path: &Path, credentials: Option<&Path>) -> Result<Config, Co
     {
         *dir = base.join(&*dir);
     }
-    let deploy = reader.section::<DeployConfig>(&root, "deploy");
+    let mut deploy = reader.section::<DeployConfig>(&root, "deploy");
+    if let Some(d) = &mut deploy
+        && let Err(problems) = d.resolve(secrets)
+    {
+        for (key, message) in problems {
+            reader.key_problem("deploy", key, message);
+        }
+    }
     let handlers = reader.handlers(&root);
     let (
         Some(broker),

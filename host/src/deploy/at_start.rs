@@ -1,8 +1,9 @@
 //! Which version of a handler runs when a host (or `idem replay`, or
 //! `idem dlq redrive`) starts: the deployed one when the deployments bucket
-//! has one for it, else the config's `module`.
+//! has a record for it the host believes ([`super::trust`]), else the
+//! config's `module`. Without `[deploy] trusted_keys`, always the config's.
 
-use super::follow::{Followed, apply};
+use super::follow::{Followed, NO_TRUSTED_KEYS, apply, apply_believed};
 use super::store::DeployStore;
 use crate::config::{Config, HandlerConfig};
 use crate::handler::PreparedHandler;
@@ -16,6 +17,9 @@ use crate::handler::PreparedHandler;
 /// refusal stays in the slot, so `idem status` shows it and the follower
 /// tries the record again later ([`super::follow::RETRY_REFUSED`]).
 pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &PreparedHandler) {
+    if store.trust().is_empty() {
+        return;
+    }
     let current = match store.current(&cfg.name).await {
         Ok(Some(current)) => current,
         Ok(None) => return,
@@ -31,24 +35,34 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
     let refused = handler.slot().refused();
     let config_digest = handler.slot().current().digest().to_owned();
     let history = store.history(&cfg.name).await.unwrap_or_default();
+    // The version a believed record names, and failed to load, is not
+    // tried again; one an unbelieved record names may be a good one.
     let mut tried = std::collections::HashSet::new();
-    if let Ok(d) = &current.deployment {
-        tried.insert(d.digest.clone());
+    if let Ok(d) = store.believe_in(&cfg.name, &current, &history) {
+        tried.insert(d.digest);
     }
     let mut fallback = None;
     for earlier in history
+        .records
         .iter()
         .rev()
         .filter(|c| c.revision < current.revision)
     {
-        let Ok(d) = &earlier.deployment else { continue };
+        // Only a record to believe where it stands is a version to fall
+        // back to.
+        let Ok(d) = store.believe_in(&cfg.name, earlier, &history) else {
+            continue;
+        };
         if !tried.insert(d.digest.clone()) {
             continue;
         }
         if d.digest == config_digest {
             break;
         }
-        if apply(store, &followed, earlier).await.is_ok() {
+        if apply_believed(store, &followed, earlier.revision, &d)
+            .await
+            .is_ok()
+        {
             fallback = Some((earlier.revision, d.digest.clone()));
             break;
         }
@@ -80,6 +94,10 @@ pub async fn use_deployed_via_broker(
     handler: &PreparedHandler,
 ) -> anyhow::Result<()> {
     if !config.deploy.follow {
+        return Ok(());
+    }
+    if config.deploy.trusted_keys.is_empty() {
+        tracing::warn!("{NO_TRUSTED_KEYS}");
         return Ok(());
     }
     let store = async {

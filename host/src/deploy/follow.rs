@@ -6,12 +6,17 @@
 //! broker restart, a reconnect, a consumer the server dropped): when the
 //! watch ends or errs it is made again, and a slow poll ([`POLL`]) reads
 //! every handler's key anyway, so a missed update is picked up within that
-//! time whatever happened to the watch. A value that is not a deployment,
-//! a component missing from the modules bucket or one that does not hash
-//! to its name is refused like a component that does not load: reported
-//! once, the running version kept.
+//! time whatever happened to the watch. Only a record the host believes
+//! ([`super::trust`]: signed by a trusted deploy key, for this handler, in
+//! its place in the history) is acted on; any other value, a component
+//! missing from the modules bucket or one that does not hash to its name
+//! is refused like a component that does not load: reported once, counted
+//! (`idem_deploy_refused_total`), the running version kept. A host without
+//! `[deploy] trusted_keys` follows nothing.
 
+use super::record::Deployment;
 use super::store::{Current, DeployStore};
+use super::trust::Refusal;
 use super::{Installed, install};
 use crate::component_slot::ComponentSlot;
 use crate::runtime::{LoadOptions, Runtime};
@@ -23,6 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 /// How often every followed handler's key is read, watch or no watch.
 pub const POLL: Duration = Duration::from_secs(30);
+
+/// What a host (or `idem replay`, `idem dlq redrive`) without trusted
+/// deploy keys says once at start.
+pub const NO_TRUSTED_KEYS: &str = "no [deploy] trusted_keys: deployments are not followed and each handler runs its configured module; add the public key of your deploy key (`idem keygen FILE` makes one) to follow `idem deploy`";
 
 /// How long a refused version is left alone before it is tried again.
 pub const RETRY_REFUSED: Duration = Duration::from_secs(60);
@@ -56,34 +65,62 @@ impl Followed {
     }
 }
 
-/// Puts `handler`'s deployment `current` in place when it is not what the
-/// handler runs (or last refused). Returns what happened, for the log.
+/// Puts `handler`'s deployment `current` in place when it is a record to
+/// believe ([`DeployStore::believe`]) and not what the handler runs (or
+/// last refused). Returns what happened, for the log.
 ///
 /// # Errors
-/// One line: the value is not a deployment, the component cannot be
-/// fetched or does not load. The refusal is remembered in the slot.
+/// One line: the record is not believed, its component cannot be fetched
+/// or does not load, or its history cannot be read. A refusal is
+/// remembered in the slot and counted.
 pub async fn apply(
     store: &DeployStore,
     handler: &Followed,
     current: &Current,
 ) -> Result<Installed, String> {
-    let deployment = match &current.deployment {
-        Ok(d) => d,
-        Err(reason) => {
-            let digest = format!("revision {}", current.revision);
+    let judged = match store.believe(&handler.name, current).await {
+        Ok(judged) => judged,
+        Err(e) => {
+            tracing::debug!(handler = %handler.name, error = %format!("{e:#}"), "cannot read the deployments bucket; trying again later");
+            return Err(format!("{e:#}"));
+        }
+    };
+    match judged {
+        Ok(deployment) => apply_believed(store, handler, current.revision, &deployment).await,
+        Err(refused) => {
+            let digest = match &current.deployment {
+                Ok(d) => d.digest.clone(),
+                Err(_) => format!("revision {}", current.revision),
+            };
             refuse(
                 handler,
                 &digest,
-                &format!("deployment record: {reason}"),
+                &refused.detail,
                 current.revision,
+                refused.reason,
             );
-            return Err(reason.clone());
+            Err(refused.detail)
         }
-    };
+    }
+}
+
+/// Puts `deployment` (the record at `revision`, believed) in place when it
+/// is not what the handler runs (or last refused).
+///
+/// # Errors
+/// One line: the component cannot be fetched or does not load; the
+/// refusal is remembered in the slot and counted.
+pub async fn apply_believed(
+    store: &DeployStore,
+    handler: &Followed,
+    revision: u64,
+    deployment: &Deployment,
+) -> Result<Installed, String> {
     let digest = &deployment.digest;
     if handler.slot.current().digest() == digest {
         // The record names what runs: nothing is refused any more.
         handler.slot.clear_refused();
+        store.trust().running_now(&handler.name, revision);
         return Ok(Installed::Unchanged);
     }
     // A refused version is tried again once its refusal is older than
@@ -92,7 +129,7 @@ pub async fn apply(
     // redeploy of the same digest).
     if let Some(r) = handler.slot.refused()
         && &r.digest == digest
-        && r.revision == Some(current.revision)
+        && r.revision == Some(revision)
         && r.at.elapsed().unwrap_or_default() < RETRY_REFUSED
     {
         return Ok(Installed::Unchanged);
@@ -101,30 +138,46 @@ pub async fn apply(
         Ok(bytes) => bytes,
         Err(e) => {
             let reason = format!("{e:#}");
-            refuse(handler, digest, &reason, current.revision);
+            refuse(handler, digest, &reason, revision, Refusal::Component);
             return Err(reason);
         }
     };
     let origin = PathBuf::from(format!("deployment {digest}"));
+    let before = handler.slot.refused().map(|r| (r.digest, r.reason));
     let installed = install(
         &handler.runtime,
         &handler.slot,
         bytes,
         origin,
         handler.options,
-        Some(current.revision),
+        Some(revision),
     )
-    .await
-    .map_err(|e| e.to_string())?;
-    if let Installed::Swapped { .. } = &installed {
-        tracing::info!(handler = %handler.name, digest = %digest, deployed_at = %deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");
+    .await;
+    match installed {
+        Ok(installed) => {
+            store.trust().running_now(&handler.name, revision);
+            if let Installed::Swapped { .. } = &installed {
+                tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = ?deployment.note, by = ?deployment.by, "deployed version in place");
+            }
+            Ok(installed)
+        }
+        Err(e) => {
+            // `install` remembered the refusal and logged it when it was
+            // news; count it then too.
+            if handler.slot.refused().map(|r| (r.digest, r.reason)) != before {
+                crate::metrics::deploy_refused(&handler.name, Refusal::Component.label());
+            }
+            Err(e.to_string())
+        }
     }
-    Ok(installed)
 }
 
-fn refuse(handler: &Followed, digest: &str, reason: &str, revision: u64) {
+/// Remembers the refusal in the slot; the first time (another digest or
+/// reason than the last refusal) logs and counts it.
+fn refuse(handler: &Followed, digest: &str, reason: &str, revision: u64, why: Refusal) {
     if handler.slot.refuse(digest, reason, Some(revision)) {
-        tracing::warn!(handler = %handler.name, digest = %digest, error = %reason, "deployed version refused; the running version keeps running");
+        crate::metrics::deploy_refused(&handler.name, why.label());
+        tracing::warn!(handler = %handler.name, digest = %digest, revision, reason = why.label(), error = %reason, "deployed version refused; the running version keeps running");
     }
 }
 
@@ -134,6 +187,10 @@ pub fn spawn(
     handlers: Vec<Followed>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    if store.trust().is_empty() {
+        tracing::warn!("{NO_TRUSTED_KEYS}");
+        return tokio::spawn(async {});
+    }
     tokio::spawn(async move {
         let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
         let (first, max) = (Duration::from_millis(200), Duration::from_secs(10));

@@ -4,6 +4,11 @@
 //! expire after [`super::store::HOST_REPORT_TTL`], so a host that stops
 //! reporting (killed, partitioned) drops out of `idem status` by itself;
 //! a host that stops cleanly deletes its entry.
+//!
+//! Anyone who can write to the bucket can put a report there, so a host
+//! with `[deploy] host_key` signs its reports ([`HostReport::sign`]), and
+//! `idem status` and `idem deploy --wait` tell a report signed by a key of
+//! `[deploy] trusted_hosts` ([`HostReport::verified`]) from any other.
 
 use super::store::DeployStore;
 use crate::component_slot::ComponentSlot;
@@ -29,6 +34,53 @@ pub struct HostReport {
     pub reported_at: String,
     /// Every handler it runs.
     pub handlers: Vec<HandlerReport>,
+    /// The public key of the host key that signed it (`N…`), empty when
+    /// unsigned.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signer: String,
+    /// Hex ed25519 signature of [`HostReport::signed_bytes`], empty when
+    /// unsigned.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+}
+
+/// What a report's signature is made over, first.
+const SIGNED_CONTEXT: &str = "idem-host-report/1";
+
+impl HostReport {
+    /// What the signature covers: every field but the signature, after a
+    /// context string of its own (a JSON array).
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&(
+            SIGNED_CONTEXT,
+            &self.host,
+            &self.started_at,
+            &self.reported_at,
+            &self.handlers,
+            &self.signer,
+        ))
+        .unwrap_or_default()
+    }
+
+    /// Signs the report with `key` (a host key).
+    ///
+    /// # Errors
+    /// The key has no seed.
+    pub fn sign(&mut self, key: &nkeys::KeyPair) -> Result<(), String> {
+        self.signer = key.public_key();
+        self.signature = super::keys::sign(key, &self.signed_bytes())?;
+        Ok(())
+    }
+
+    /// Whether the report, read under KV key `key`, is signed by one of
+    /// `trusted` (host keys) and names itself `key`.
+    pub fn verified(&self, key: &str, trusted: &[nkeys::KeyPair]) -> bool {
+        self.host == key
+            && trusted.iter().any(|k| {
+                k.public_key() == self.signer
+                    && super::keys::verifies(k, &self.signed_bytes(), &self.signature)
+            })
+    }
 }
 
 /// What a host runs for one handler.
@@ -117,16 +169,28 @@ pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport
                 }
             })
             .collect(),
+        signer: String::new(),
+        signature: String::new(),
     }
 }
 
-/// Reports `handlers` every [`INTERVAL`] until `stop`, then deletes the
-/// entry.
+/// Reports `handlers` every [`INTERVAL`] until `stop`, signed with
+/// `[deploy] host_key` when set, then deletes the entry.
 pub fn spawn(
     store: DeployStore,
     handlers: Vec<Reported>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    // Checked at config load; a file changed since is reported here.
+    let key = store.config().host_key.as_ref().and_then(|path| {
+        match super::keys::read_seed(path, super::keys::Role::Host) {
+            Ok(key) => Some(key),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read [deploy] host_key; this host's reports are unsigned (idem status shows them as unverified)");
+                None
+            }
+        }
+    });
     tokio::spawn(async move {
         let id = host_id();
         let started_at = now();
@@ -136,12 +200,62 @@ pub fn spawn(
                 () = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let value =
-                serde_json::to_vec(&report(&id, &started_at, &handlers)).unwrap_or_default();
+            let mut report = report(&id, &started_at, &handlers);
+            if let Some(key) = &key
+                && let Err(e) = report.sign(key)
+            {
+                tracing::debug!(error = %e, "cannot sign the report");
+            }
+            let value = serde_json::to_vec(&report).unwrap_or_default();
             if let Err(e) = store.hosts().put(&id, value.into()).await {
                 tracing::debug!(error = %e, "cannot report to the hosts bucket; trying again");
             }
         }
         let _ = store.hosts().delete(&id).await;
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn report(host: &str) -> HostReport {
+        HostReport {
+            host: host.into(),
+            started_at: "2026-12-01T00:00:00Z".into(),
+            reported_at: "2026-12-01T00:00:03Z".into(),
+            handlers: vec![HandlerReport {
+                name: "h".into(),
+                digest: "a".repeat(64),
+                refused: None,
+                in_flight: 0,
+                processed: 7,
+                duplicates: 0,
+                dead_lettered: 0,
+            }],
+            signer: String::new(),
+            signature: String::new(),
+        }
+    }
+
+    #[test]
+    fn only_a_report_a_trusted_host_signed_under_its_own_name_is_verified() {
+        let (key, other) = (nkeys::KeyPair::new_server(), nkeys::KeyPair::new_server());
+        let trusted = [nkeys::KeyPair::from_public_key(&key.public_key()).unwrap()];
+        let mut r = report("a-1");
+        assert!(!r.verified("a-1", &trusted));
+        r.sign(&key).unwrap();
+        // Through the bucket and back.
+        let r: HostReport = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(r.verified("a-1", &trusted));
+        assert!(!r.verified("b-1", &trusted), "under another key");
+        assert!(!r.verified("a-1", &[]), "nobody trusted");
+        let mut edited = r.clone();
+        edited.handlers[0].digest = "b".repeat(64);
+        assert!(!edited.verified("a-1", &trusted));
+        let mut theirs = report("a-1");
+        theirs.sign(&other).unwrap();
+        assert!(!theirs.verified("a-1", &trusted));
+    }
 }

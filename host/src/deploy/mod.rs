@@ -9,12 +9,18 @@
 //! tokio workers that run messages), and only a component that loads is
 //! swapped in ([`crate::component_slot`]). One that does not is refused,
 //! remembered and reported once; the old version keeps running.
+//!
+//! What the broker's buckets hold is believed only when signed: a
+//! deployment by a trusted deploy key ([`trust`], [`keys`]), a host's
+//! report by a trusted host key ([`heartbeat`]).
 
 pub mod at_start;
 pub mod follow;
 pub mod heartbeat;
+pub mod keys;
 pub mod record;
 pub mod store;
+pub mod trust;
 pub mod watch;
 
 pub use record::Deployment;

@@ -2,14 +2,18 @@
 //! Object Store (named by their SHA-256), deployments in a KV bucket (key =
 //! handler name, with history), and what each running host runs in a KV
 //! bucket whose entries expire ([`super::heartbeat`]). Each is created on
-//! first use by whichever host or command gets there first.
+//! first use by whichever host or command gets there first. Which records
+//! of the deployments bucket are believed is [`super::trust`]'s decision,
+//! on the history read here.
 
 use super::record::{Deployment, is_digest};
+use super::trust::{Chain, Refused, Trust};
 use crate::config::DeployConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv, object_store};
 use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt as _;
 
@@ -29,6 +33,21 @@ pub struct DeployStore {
     modules: object_store::ObjectStore,
     hosts: kv::Store,
     names: DeployConfig,
+    trust: Arc<Trust>,
+    /// Whether the deployments bucket keeps what a chain check needs: its
+    /// history per key, and no entry expires (else a key's first kept
+    /// entry can never be shown to be its first).
+    history_kept: Option<i64>,
+}
+
+/// A handler's history in the deployments bucket: the revisions of every
+/// entry (deletes too) and the records among them.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Every revision kept, oldest first.
+    pub chain: Chain,
+    /// The put entries, oldest first.
+    pub records: Vec<Current>,
 }
 
 /// A handler's key in the deployments bucket, as read.
@@ -114,12 +133,31 @@ impl DeployStore {
                 })?,
             },
         };
+        let trust = Trust::new(&names.trusted_keys)
+            .map_err(|e| anyhow::anyhow!("[deploy] trusted_keys: {e}"))?;
+        // A bucket made by someone else may keep less, or let entries expire.
+        let history_kept = match deployments.status().await {
+            Ok(status) if status.max_age().is_zero() => Some(status.history()),
+            _ => None,
+        };
         Ok(DeployStore {
             deployments,
             modules,
             hosts,
             names: names.clone(),
+            trust: Arc::new(trust),
+            history_kept,
         })
+    }
+
+    /// The trusted deploy keys and what this host believed last.
+    pub fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
+    /// The `[deploy]` config the buckets were opened with.
+    pub fn config(&self) -> &DeployConfig {
+        &self.names
     }
 
     /// The deployments KV bucket (for a watch).
@@ -147,15 +185,30 @@ impl DeployStore {
         Ok(entry.and_then(current))
     }
 
-    /// Every recorded deployment of `handler`, oldest first.
+    /// The revision of `handler`'s last entry of any operation (what a new
+    /// record replaces); 0 when it has none.
     ///
     /// # Errors
     /// The broker did not answer.
-    pub async fn history(&self, handler: &str) -> anyhow::Result<Vec<Current>> {
+    pub async fn last_revision(&self, handler: &str) -> anyhow::Result<u64> {
+        let entry = self.deployments.entry(handler).await.with_context(|| {
+            format!(
+                "cannot read `{handler}` in bucket {}",
+                self.names.deployments_bucket
+            )
+        })?;
+        Ok(entry.map_or(0, |e| e.revision))
+    }
+
+    /// Every entry of `handler` kept in the bucket, oldest first.
+    ///
+    /// # Errors
+    /// The broker did not answer.
+    pub async fn history(&self, handler: &str) -> anyhow::Result<History> {
         let bucket = &self.names.deployments_bucket;
         let history = match self.deployments.history(handler).await {
             Ok(h) => h,
-            Err(e) if e.to_string().contains("no messages") => return Ok(Vec::new()),
+            Err(e) if e.to_string().contains("no messages") => return Ok(History::default()),
             Err(e) => {
                 anyhow::bail!("cannot read the history of `{handler}` in bucket {bucket}: {e}")
             }
@@ -163,7 +216,63 @@ impl DeployStore {
         let entries: Vec<kv::Entry> = history.try_collect().await.with_context(|| {
             format!("cannot read the history of `{handler}` in bucket {bucket}")
         })?;
-        Ok(entries.into_iter().filter_map(current).collect())
+        let revisions: Vec<u64> = entries.iter().map(|e| e.revision).collect();
+        let complete = self
+            .history_kept
+            .is_some_and(|kept| (revisions.len() as i64) < kept);
+        Ok(History {
+            chain: Chain {
+                revisions,
+                complete,
+            },
+            records: entries.into_iter().filter_map(current).collect(),
+        })
+    }
+
+    /// Whether to believe `current`, `handler`'s latest record
+    /// ([`Trust::check`] on its history, and not behind what this host
+    /// runs, [`Trust::not_behind`]). The judgement of a revision is
+    /// remembered, so a record's history is read once.
+    ///
+    /// # Errors
+    /// The history cannot be read (the broker did not answer): nothing is
+    /// judged, try again later.
+    pub async fn believe(
+        &self,
+        handler: &str,
+        current: &Current,
+    ) -> anyhow::Result<Result<Deployment, Refused>> {
+        let judged = match self.trust.remembered(handler, current.revision) {
+            Some(judged) => judged,
+            None => {
+                let history = self.history(handler).await?;
+                let judged = self.believe_in(handler, current, &history);
+                self.trust.remember(handler, current.revision, &judged);
+                judged
+            }
+        };
+        Ok(judged.and_then(|d| {
+            self.trust
+                .not_behind(handler, current.revision, d.replaces)
+                .map(|()| d)
+        }))
+    }
+
+    /// [`Trust::check`] of `current` within `history` (read already).
+    ///
+    /// # Errors
+    /// The refusal.
+    pub fn believe_in(
+        &self,
+        handler: &str,
+        current: &Current,
+        history: &History,
+    ) -> Result<Deployment, Refused> {
+        self.trust.check(
+            handler,
+            &current.deployment,
+            history.chain.before(current.revision),
+        )
     }
 
     /// Stores `bytes` as object `digest` unless an object of that name and
@@ -243,52 +352,32 @@ impl DeployStore {
         Ok(bytes)
     }
 
-    /// Records `deployment` as `handler`'s, if the key is still at
-    /// `expected` (its revision when read; `None`: it had no deployment).
-    /// Returns the new revision.
+    /// Records `deployment` as `handler`'s, if the key's last revision is
+    /// still the one it replaces (`deployment.replaces`; 0: the key has no
+    /// entry). Returns the new revision.
     ///
     /// # Errors
-    /// [`RecordError::Stale`] when another deployment came first;
+    /// [`RecordError::Stale`] when another entry came first;
     /// [`RecordError::Broker`] otherwise.
-    pub async fn record(
-        &self,
-        handler: &str,
-        deployment: &Deployment,
-        expected: Option<u64>,
-    ) -> Result<u64, RecordError> {
-        let value = deployment.to_value().into();
-        let result = match expected {
-            Some(revision) => self
-                .deployments
-                .update(handler, value, revision)
-                .await
-                .map_err(|e| {
-                    (
-                        e.kind() == kv::UpdateErrorKind::WrongLastRevision,
-                        e.to_string(),
-                    )
-                }),
-            None => self.deployments.create(handler, value).await.map_err(|e| {
-                (
-                    e.kind() == kv::CreateErrorKind::AlreadyExists,
-                    e.to_string(),
-                )
-            }),
-        };
-        result.map_err(|(stale, detail)| {
-            if stale {
-                RecordError::Stale {
-                    handler: handler.to_owned(),
-                    expected: expected.unwrap_or(0),
+    pub async fn record(&self, handler: &str, deployment: &Deployment) -> Result<u64, RecordError> {
+        let expected = deployment.replaces;
+        self.deployments
+            .update(handler, deployment.to_value().into(), expected)
+            .await
+            .map_err(|e| {
+                if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                    RecordError::Stale {
+                        handler: handler.to_owned(),
+                        expected,
+                    }
+                } else {
+                    RecordError::Broker {
+                        handler: handler.to_owned(),
+                        bucket: self.names.deployments_bucket.clone(),
+                        detail: e.to_string(),
+                    }
                 }
-            } else {
-                RecordError::Broker {
-                    handler: handler.to_owned(),
-                    bucket: self.names.deployments_bucket.clone(),
-                    detail,
-                }
-            }
-        })
+            })
     }
 }
 

@@ -1,0 +1,431 @@
+//! Which deployment records a host believes (ARCHITECTURE.md, "Signed
+//! deploys"): only those signed by a key of `[deploy] trusted_keys`, for
+//! the handler whose key holds them, and standing where they were signed
+//! to stand.
+//!
+//! A record signs the KV revision it replaces (the handler's last entry
+//! when `idem deploy` read it). A record is believed only when the entry
+//! before it in the key's history has exactly that revision (or, for 0,
+//! when nothing can be missing before it), so a signed record copied to
+//! another key, or put again later, is refused; and, on a host that
+//! already runs a believed record, only when it replaces that record or a
+//! later entry, so even a history someone pruned cannot take a host back.
+//! The decisions here are pure ([`Trust::check`], [`Chain`]); the broker
+//! reads are [`super::store::DeployStore`]'s.
+
+use super::keys::{self, Role};
+use super::record::Deployment;
+use nkeys::KeyPair;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Why a deployment record is refused before its component is fetched.
+/// Each is a value of the `reason` label of `idem_deploy_refused_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// The value is not a deployment record.
+    NotARecord,
+    /// The record carries no signature.
+    Unsigned,
+    /// Signed by a key that is not in `[deploy] trusted_keys`.
+    UntrustedKey,
+    /// The signature does not verify: the record was changed after it was
+    /// signed.
+    BadSignature,
+    /// Signed for another handler.
+    OtherHandler,
+    /// Not where it was signed to stand: the entry before it is not the
+    /// revision it replaces, or it is older than the record this host runs.
+    Replayed,
+    /// Believed, but its component could not be fetched or loaded.
+    Component,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::NotARecord => "not_a_record",
+            Refusal::Unsigned => "unsigned",
+            Refusal::UntrustedKey => "untrusted_key",
+            Refusal::BadSignature => "bad_signature",
+            Refusal::OtherHandler => "other_handler",
+            Refusal::Replayed => "replayed",
+            Refusal::Component => "component",
+        }
+    }
+}
+
+/// A refusal and its one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Which kind.
+    pub reason: Refusal,
+    /// What is wrong, one line (text from the record escaped).
+    pub detail: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+fn refused(reason: Refusal, detail: impl Into<String>) -> Refused {
+    Refused {
+        reason,
+        detail: detail.into(),
+    }
+}
+
+/// What stands before a record in its key's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// The entry before it (of any operation) has this revision.
+    Revision(u64),
+    /// Nothing: it is the key's first entry, and nothing can have been
+    /// dropped before it (the history is not full, entries do not expire).
+    Nothing,
+    /// Cannot be told: the entry before it may have been dropped.
+    Unknown,
+}
+
+/// The revisions of one key's history, any operation, oldest first, and
+/// whether an entry can be missing before the first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// Every revision kept, oldest first.
+    pub revisions: Vec<u64>,
+    /// Whether nothing before the first can have been dropped.
+    pub complete: bool,
+}
+
+impl Chain {
+    /// What stands before `revision`.
+    pub fn before(&self, revision: u64) -> Before {
+        match self.revisions.iter().position(|r| *r == revision) {
+            Some(0) if self.complete => Before::Nothing,
+            Some(i) if i > 0 => self
+                .revisions
+                .get(i - 1)
+                .map_or(Before::Unknown, |r| Before::Revision(*r)),
+            _ => Before::Unknown,
+        }
+    }
+}
+
+/// The trusted deploy keys, and per handler what this host believed last.
+#[derive(Debug, Default)]
+pub struct Trust {
+    keys: Vec<KeyPair>,
+    state: Mutex<HashMap<String, Seen>>,
+}
+
+/// What a host last decided for one handler.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// The revision of the record whose component runs (0: none).
+    running: u64,
+    /// The last revision checked and what came of it.
+    checked: Option<(u64, Result<Deployment, Refused>)>,
+}
+
+impl Trust {
+    /// Trusts the deploy keys `public_keys` (`M…`).
+    ///
+    /// # Errors
+    /// One line naming the first key that is not a deploy key's public key.
+    pub fn new(public_keys: &[String]) -> Result<Self, String> {
+        let keys = public_keys
+            .iter()
+            .map(|k| keys::public_key(k, Role::Deploy))
+            .collect::<Result<_, _>>()?;
+        Ok(Trust {
+            keys,
+            state: Mutex::default(),
+        })
+    }
+
+    /// Whether no key is trusted (the host then follows no deployments).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Whether `value`, at `revision` under key `handler` with `before`
+    /// standing before it, is a record to believe: parsed, signed by a
+    /// trusted key, for `handler`, replacing what stands before it.
+    ///
+    /// # Errors
+    /// The first check that fails, as a [`Refused`].
+    pub fn check(
+        &self,
+        handler: &str,
+        parsed: &Result<Deployment, String>,
+        before: Before,
+    ) -> Result<Deployment, Refused> {
+        let d = parsed
+            .as_ref()
+            .map_err(|e| refused(Refusal::NotARecord, format!("deployment record: {e}")))?;
+        if d.signature.is_empty() || d.signer.is_empty() {
+            return Err(refused(
+                Refusal::Unsigned,
+                "the deployment record is not signed (only `idem deploy --key` with a key of [deploy] trusted_keys writes records hosts run)",
+            ));
+        }
+        let Some(key) = self.keys.iter().find(|k| k.public_key() == d.signer) else {
+            return Err(refused(
+                Refusal::UntrustedKey,
+                format!(
+                    "the deployment record is signed by {}, which is not in [deploy] trusted_keys",
+                    super::record::bounded(&d.signer)
+                ),
+            ));
+        };
+        if !keys::verifies(key, &d.signed_bytes(), &d.signature) {
+            return Err(refused(
+                Refusal::BadSignature,
+                format!(
+                    "the deployment record's signature by {} does not verify: it was changed after it was signed",
+                    d.signer
+                ),
+            ));
+        }
+        if d.handler != handler {
+            return Err(refused(
+                Refusal::OtherHandler,
+                format!(
+                    "the deployment record was signed for handler `{}`, not `{handler}`",
+                    super::record::bounded(&d.handler)
+                ),
+            ));
+        }
+        let stands = match before {
+            Before::Revision(r) => r == d.replaces,
+            Before::Nothing => d.replaces == 0,
+            Before::Unknown => false,
+        };
+        if !stands {
+            let was = match before {
+                Before::Revision(r) => format!("revision {r}"),
+                Before::Nothing => "nothing".to_owned(),
+                Before::Unknown => "not known (the history was cut)".to_owned(),
+            };
+            return Err(refused(
+                Refusal::Replayed,
+                format!(
+                    "the deployment record was signed to replace revision {}, but what stands before it is {was}: a copy put again",
+                    d.replaces
+                ),
+            ));
+        }
+        Ok(d.clone())
+    }
+
+    /// What was decided for `handler` at `revision`, if that is the
+    /// revision checked last.
+    pub fn remembered(&self, handler: &str, revision: u64) -> Option<Result<Deployment, Refused>> {
+        let state = self.state.lock().ok()?;
+        match &state.get(handler)?.checked {
+            Some((r, result)) if *r == revision => Some(result.clone()),
+            _ => None,
+        }
+    }
+
+    /// Remembers what was decided for `handler` at `revision`.
+    pub fn remember(&self, handler: &str, revision: u64, result: &Result<Deployment, Refused>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.entry(handler.to_owned()).or_default().checked = Some((revision, result.clone()));
+        }
+    }
+
+    /// `handler`'s record at `revision` (replacing `replaces`) against the
+    /// record this host runs: a record older than it, or one that replaces
+    /// an entry older than it, is refused.
+    ///
+    /// # Errors
+    /// [`Refusal::Replayed`].
+    pub fn not_behind(&self, handler: &str, revision: u64, replaces: u64) -> Result<(), Refused> {
+        let running = self.running(handler);
+        if revision == running || (revision > running && replaces >= running) {
+            return Ok(());
+        }
+        Err(refused(
+            Refusal::Replayed,
+            format!(
+                "the deployment record at revision {revision} (replacing {replaces}) is older than revision {running}, which this host runs: a copy put again"
+            ),
+        ))
+    }
+
+    /// Notes that `handler` runs the record at `revision`.
+    pub fn running_now(&self, handler: &str, revision: u64) {
+        if let Ok(mut state) = self.state.lock() {
+            state.entry(handler.to_owned()).or_default().running = revision;
+        }
+    }
+
+    fn running(&self, handler: &str) -> u64 {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.get(handler).map(|s| s.running))
+            .unwrap_or(0)
+    }
+}
+
+/// Signs `d` for `handler` with `key`: sets its handler, signer and
+/// signature (its `replaces` must be set already).
+///
+/// # Errors
+/// The key has no seed.
+pub fn sign(key: &KeyPair, handler: &str, d: &mut Deployment) -> Result<(), String> {
+    d.handler = handler.to_owned();
+    d.signer = key.public_key();
+    d.signature = String::new();
+    d.signature = keys::sign(key, &d.signed_bytes())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn record(replaces: u64) -> Deployment {
+        Deployment {
+            digest: "a".repeat(64),
+            previous: Some("b".repeat(64)),
+            deployed_at: "2026-12-01T11:30:00Z".into(),
+            note: "n".into(),
+            size: 7,
+            by: "ana@b".into(),
+            handler: String::new(),
+            replaces,
+            signer: String::new(),
+            signature: String::new(),
+        }
+    }
+
+    fn signed(key: &KeyPair, handler: &str, replaces: u64) -> Deployment {
+        let mut d = record(replaces);
+        sign(key, handler, &mut d).unwrap();
+        d
+    }
+
+    fn reason(r: Result<Deployment, Refused>) -> Refusal {
+        r.unwrap_err().reason
+    }
+
+    #[test]
+    fn only_a_trusted_signature_for_this_handler_in_its_place_is_believed() {
+        let (k1, k2, stranger) = (
+            KeyPair::new_module(),
+            KeyPair::new_module(),
+            KeyPair::new_module(),
+        );
+        let trust = Trust::new(&[k1.public_key(), k2.public_key()]).unwrap();
+        let at = Before::Revision(4);
+        // Either key of a rotation.
+        for k in [&k1, &k2] {
+            let d = signed(k, "h", 4);
+            assert_eq!(trust.check("h", &Ok(d.clone()), at).unwrap(), d);
+        }
+        assert_eq!(
+            reason(trust.check("h", &Err("x".into()), at)),
+            Refusal::NotARecord
+        );
+        assert_eq!(
+            reason(trust.check("h", &Ok(record(4)), at)),
+            Refusal::Unsigned
+        );
+        assert_eq!(
+            reason(trust.check("h", &Ok(signed(&stranger, "h", 4)), at)),
+            Refusal::UntrustedKey
+        );
+        let mut edited = signed(&k1, "h", 4);
+        edited.previous = Some("c".repeat(64));
+        assert_eq!(
+            reason(trust.check("h", &Ok(edited), at)),
+            Refusal::BadSignature
+        );
+        let mut moved = signed(&k1, "g", 4);
+        assert_eq!(
+            reason(trust.check("h", &Ok(moved.clone()), at)),
+            Refusal::OtherHandler
+        );
+        // Relabelled for this handler: the signature no longer verifies.
+        moved.handler = "h".into();
+        assert_eq!(
+            reason(trust.check("h", &Ok(moved), at)),
+            Refusal::BadSignature
+        );
+        // Put again where something else stands before it.
+        assert_eq!(
+            reason(trust.check("h", &Ok(signed(&k1, "h", 3)), at)),
+            Refusal::Replayed
+        );
+        assert_eq!(
+            reason(trust.check("h", &Ok(signed(&k1, "h", 0)), Before::Unknown)),
+            Refusal::Replayed
+        );
+        assert!(
+            trust
+                .check("h", &Ok(signed(&k1, "h", 0)), Before::Nothing)
+                .is_ok()
+        );
+        assert_eq!(
+            reason(trust.check("h", &Ok(signed(&k1, "h", 2)), Before::Nothing)),
+            Refusal::Replayed
+        );
+        // No keys: nothing is believed.
+        let none = Trust::new(&[]).unwrap();
+        assert!(none.is_empty());
+        assert_eq!(
+            reason(none.check("h", &Ok(signed(&k1, "h", 4)), at)),
+            Refusal::UntrustedKey
+        );
+    }
+
+    #[test]
+    fn what_stands_before_a_revision() {
+        let chain = Chain {
+            revisions: vec![3, 7, 9],
+            complete: true,
+        };
+        assert_eq!(chain.before(3), Before::Nothing);
+        assert_eq!(chain.before(7), Before::Revision(3));
+        assert_eq!(chain.before(9), Before::Revision(7));
+        assert_eq!(chain.before(8), Before::Unknown);
+        let cut = Chain {
+            complete: false,
+            ..chain
+        };
+        assert_eq!(cut.before(3), Before::Unknown);
+        assert_eq!(cut.before(7), Before::Revision(3));
+    }
+
+    #[test]
+    fn a_host_never_goes_back_behind_what_it_runs() {
+        let trust = Trust::new(&[]).unwrap();
+        assert!(trust.not_behind("h", 5, 0).is_ok());
+        trust.running_now("h", 5);
+        assert!(trust.not_behind("h", 5, 3).is_ok());
+        assert!(trust.not_behind("h", 8, 5).is_ok());
+        assert!(trust.not_behind("h", 8, 6).is_ok());
+        assert_eq!(
+            trust.not_behind("h", 8, 4).unwrap_err().reason,
+            Refusal::Replayed
+        );
+        assert_eq!(
+            trust.not_behind("h", 4, 0).unwrap_err().reason,
+            Refusal::Replayed
+        );
+        // Per handler.
+        assert!(trust.not_behind("g", 2, 0).is_ok());
+        let ok = Ok(record(1));
+        trust.remember("h", 8, &ok);
+        assert_eq!(trust.remembered("h", 8), Some(ok));
+        assert_eq!(trust.remembered("h", 9), None);
+        assert_eq!(trust.remembered("g", 8), None);
+    }
+}
