@@ -15,6 +15,7 @@
 use async_nats::jetstream;
 use futures::TryStreamExt as _;
 use idem::deploy::Deployment;
+use idem_tests::deploy_keys::DeployKeys;
 use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -45,13 +46,15 @@ fn permissioned_nats() -> Nats {
 }
 
 /// `<role>.toml` in `dir`: the credit example's handler (v1: the credit
-/// component), granted `accounts` and `credit_log`, connecting as `role`.
+/// component), granted `accounts` and `credit_log`, connecting as `role`,
+/// trusting the test's deploy and host keys (`DeployKeys::of(dir)`).
 fn config(dir: &Path, nats: &Nats, db: &TestDb, role: &str) -> PathBuf {
     let cfg = dir.join(format!("{role}.toml"));
     std::fs::write(
         &cfg,
         format!(
-            "[broker]\nurl = \"{}\"\nuser = \"{role}\"\npassword = \"{role}-pw\"\n[database]\nurl = \"{}\"\nmax_connections = 4\n[[handler]]\nname = \"{HANDLER}\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\", \"credit_log\"]\nmigrations = \"{}\"\nretry_delay = \"100ms\"\n",
+            "{}[broker]\nurl = \"{}\"\nuser = \"{role}\"\npassword = \"{role}-pw\"\n[database]\nurl = \"{}\"\nmax_connections = 4\n[[handler]]\nname = \"{HANDLER}\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\", \"credit_log\"]\nmigrations = \"{}\"\nretry_delay = \"100ms\"\n",
+            DeployKeys::of(dir).section(),
             nats.url(),
             db.url,
             guest("credit").display(),
@@ -62,11 +65,12 @@ fn config(dir: &Path, nats: &Nats, db: &TestDb, role: &str) -> PathBuf {
     cfg
 }
 
-/// `idem <args> --config cfg`.
+/// `idem <args> --config cfg`, with the test's deploy key to sign with.
 fn idem(args: &[&str], cfg: &Path) -> (i32, String, String) {
     let mut all = args.to_vec();
     all.extend(["--config", cfg.to_str().unwrap()]);
-    idem_cli(&all, &[])
+    let keys = DeployKeys::of(cfg.parent().unwrap());
+    idem_cli(&all, &keys.env())
 }
 
 /// `idem <args>` as the deployer, which must succeed without the server
