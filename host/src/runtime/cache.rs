@@ -197,7 +197,15 @@ impl CompiledCache {
                 dir.display()
             )
         })?;
+        let me = me().map_err(|e| {
+            anyhow::anyhow!("cannot tell which user idem runs as (/proc/self: {e}); the compiled-component cache needs it: set [runtime] cache = false")
+        })?;
         if !dir.exists() {
+            // Nothing is made inside a directory another user controls:
+            // the part of the path that exists is checked first.
+            if let Some(existing) = dir.ancestors().skip(1).find(|a| a.exists()) {
+                check_ancestors(&dir, existing, me)?;
+            }
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -209,11 +217,8 @@ impl CompiledCache {
                     )
                 })?;
         }
-        let me = me().map_err(|e| {
-            anyhow::anyhow!("cannot tell which user idem runs as (/proc/self: {e}); the compiled-component cache needs it: set [runtime] cache = false")
-        })?;
         check_root(&dir, me)?;
-        let real = check_ancestors(&dir, me)?;
+        let real = check_parents(&dir, me)?;
         let mut config = wasmtime::CacheConfig::new();
         config
             .with_directory(&real)
@@ -253,7 +258,7 @@ impl CompiledCache {
     /// tree can be used.
     pub(crate) fn inspect(&self) -> Inspection {
         if let Err(e) = check_root(&self.dir, self.me).and_then(|()| {
-            let real = check_ancestors(&self.dir, self.me)?;
+            let real = check_parents(&self.dir, self.me)?;
             if real != self.real {
                 anyhow::bail!(
                     "the compiled-component cache {} now resolves to {}, not {}",
@@ -299,24 +304,40 @@ fn check_root(dir: &Path, me: u32) -> anyhow::Result<()> {
     }
 }
 
-/// Checks every ancestor of `dir`, both along the path as written and
-/// along the path with its symlinks resolved, so no directory another user
-/// controls can rename or replace a step of the way. Returns the resolved
-/// path.
-fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<PathBuf> {
+/// Checks every parent of the cache directory `dir` (see
+/// [`check_ancestors`]) and returns `dir` with its symlinks resolved.
+fn check_parents(dir: &Path, me: u32) -> anyhow::Result<PathBuf> {
+    check_ancestors(dir, dir.parent().unwrap_or(dir), me)?;
     let real = std::fs::canonicalize(dir).map_err(|e| {
         anyhow::anyhow!(
             "cannot use the compiled-component cache {}: {e}; set [runtime] cache_dir to a directory only idem's user can write, or cache = false",
             shown(dir)
         )
     })?;
-    // As written, each step followed (the directories actually traversed);
-    // resolved, each step read with lstat (they are real directories).
-    let written = dir.ancestors().skip(1).map(|a| (a, std::fs::metadata(a)));
-    let resolved = real
-        .ancestors()
-        .skip(1)
-        .map(|a| (a, std::fs::symlink_metadata(a)));
+    // The cache directory itself may be a symlink to elsewhere.
+    if let Some(parent) = real.parent()
+        && Some(parent) != dir.parent()
+    {
+        check_ancestors(dir, parent, me)?;
+    }
+    Ok(real)
+}
+
+/// Checks `from` and every directory above it, both along the path as
+/// written (each step followed: the directories traversed) and along the
+/// path with its symlinks resolved (each read with lstat), so no directory
+/// another user controls can rename or replace a step on the way to the
+/// cache directory `dir` (named in the error).
+fn check_ancestors(dir: &Path, from: &Path, me: u32) -> anyhow::Result<()> {
+    let real = std::fs::canonicalize(from).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot check {}, a parent of the compiled-component cache {}: {e}; set [runtime] cache_dir elsewhere or cache = false",
+            shown(from),
+            shown(dir)
+        )
+    })?;
+    let written = from.ancestors().map(|a| (a, std::fs::metadata(a)));
+    let resolved = real.ancestors().map(|a| (a, std::fs::symlink_metadata(a)));
     for (ancestor, meta) in written.chain(resolved) {
         let meta = meta.map_err(|e| {
             anyhow::anyhow!(
@@ -333,7 +354,7 @@ fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<PathBuf> {
             );
         }
     }
-    Ok(real)
+    Ok(())
 }
 
 /// Walks the tree under `root` (already checked), at most `cap` entries:
