@@ -40,7 +40,8 @@ async fn guest_memory_stays_within_the_formula() {
     let db = TestDb::new(Backend::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
     let mut spec = HandlerSpec::new("h", "behave");
-    spec.extra.push_str("concurrency = 1\nmax_memory_mib = 64\n");
+    spec.extra
+        .push_str("concurrency = 1\nmax_memory_mib = 64\n");
     let cfg = write_config(dir.path(), &nats, &db, &[spec]);
     let mut text = std::fs::read_to_string(&cfg).unwrap();
     text.push_str("[runtime]\ncache = false\n");
@@ -78,14 +79,20 @@ async fn guest_memory_stays_within_the_formula() {
                 break;
             }
         }
-        assert!(Instant::now() < deadline, "2,000 messages not done in 10 min");
+        assert!(
+            Instant::now() < deadline,
+            "2,000 messages not done in 10 min"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (peak_kib, _) = process_memory_kib(host.pid()).unwrap();
     let ended = host.terminate(Duration::from_secs(10));
     assert_eq!(db.balance(1).await, Some(MESSAGES as i64));
     let stats = ended.stats.unwrap();
-    assert_eq!((stats.processed, stats.dead_lettered, stats.traps), (2000, 0, 0));
+    assert_eq!(
+        (stats.processed, stats.dead_lettered, stats.traps),
+        (2000, 0, 0)
+    );
 
     // The formula: the host's own, plus concurrency × max_memory_mib, plus
     // what waits to be reset.
@@ -125,7 +132,11 @@ fn many_functions(dir: &Path, functions: usize) -> PathBuf {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     out
 }
 
@@ -158,14 +169,21 @@ async fn a_component_over_the_compile_limits_is_refused_before_compiling() {
     let mut spec = HandlerSpec::new("h", "credit");
     spec.extra.push_str("watch = true\n");
     let cfg = write_config(dir.path(), &nats, &db, &[spec]);
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace(&guest("credit").display().to_string(), &module.display().to_string());
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &guest("credit").display().to_string(),
+        &module.display().to_string(),
+    );
     std::fs::write(&cfg, text + "[runtime]\ncache = false\n").unwrap();
 
     // `idem deploy`: refused, in one line naming the limit and the setting.
     let (code, out, err) = idem_cli(
-        &["deploy", "--config", cfg.to_str().unwrap(), "h", big.to_str().unwrap()],
+        &[
+            "deploy",
+            "--config",
+            cfg.to_str().unwrap(),
+            "h",
+            big.to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!((code, out.as_str()), (1, ""), "{err}");
@@ -184,7 +202,7 @@ async fn a_component_over_the_compile_limits_is_refused_before_compiling() {
     let big_digest = sha256_hex(&big_bytes);
     let mut sampled = before;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !slot.refused().is_some_and(|r| r.digest == big_digest) {
+    while slot.refused().is_none_or(|r| r.digest != big_digest) {
         sampled = sampled.max(own_memory().0);
         assert!(Instant::now() < deadline, "the new file was never refused");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -203,7 +221,11 @@ async fn a_component_over_the_compile_limits_is_refused_before_compiling() {
         peak_before / MIB,
         peak_after / MIB
     );
-    assert!(sampled <= before + 64 * MIB, "sampled {} MiB", sampled / MIB);
+    assert!(
+        sampled <= before + 64 * MIB,
+        "sampled {} MiB",
+        sampled / MIB
+    );
     assert!(
         peak_after <= peak_before.max(before + 64 * MIB),
         "peak {} MiB",

@@ -344,6 +344,7 @@ fn link(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::runtime::Runtime;
 
@@ -365,6 +366,34 @@ mod tests {
             LoadOptions { wasi },
             String::new(),
         )
+    }
+
+    #[test]
+    fn a_salted_component_compiles_as_the_same_component() {
+        let rt = Runtime::with_capacity(1).unwrap();
+        let bytes =
+            wat::parse_str("(component (core module (func (result i32) i32.const 7)))").unwrap();
+        let salted = with_salt(&bytes, &[7; 16]);
+        assert_eq!(salted.len(), bytes.len() + 3 + SALT_SECTION.len() + 16);
+        assert_eq!(
+            crate::runtime::code_size::measure(&salted),
+            crate::runtime::code_size::measure(&bytes)
+        );
+        for salt in [None, Some(&[7; 16])] {
+            let loaded = compile(
+                &rt.engine,
+                &rt.linkers,
+                &bytes,
+                Path::new("h.wasm"),
+                LoadOptions::default(),
+                salt,
+            );
+            // It compiles; what is missing is the world's export.
+            assert!(
+                matches!(loaded, Err(LoadError::BadExport { .. })),
+                "{loaded:?}"
+            );
+        }
     }
 
     #[test]

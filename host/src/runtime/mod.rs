@@ -263,9 +263,12 @@ impl Runtime {
     /// As [`Runtime::with_cache`].
     pub fn with_options(options: &RuntimeOptions) -> anyhow::Result<Self> {
         let capacity = options.capacity.max(1);
-        let decommit_batch =
-            options::decommit_batch(options.largest_memory_bytes, options::decommit_queues())
-                .min(capacity as usize);
+        let decommit_batch = options::decommit_batch(
+            options.largest_memory_bytes,
+            options::decommit_queues(),
+            options.decommit_budget_bytes,
+        )
+        .min(capacity as usize);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(capacity)
             .total_stacks(capacity)
