@@ -275,6 +275,57 @@ impl CompiledCache {
         }
         walk(&self.real, self.me, MAX_ENTRIES)
     }
+
+    /// Inspects the cache before compiling `origin` and warns once about what
+    /// it found: files removed, or a tree this compile must not use. Returns
+    /// the salt that keeps the compile from reading the cache (`None`: use it).
+    pub(crate) fn before_compile(&self, origin: &Path) -> Option<[u8; 16]> {
+        match self.inspect() {
+            Inspection::Trusted { removed } => {
+                if let Some((first, problem)) = removed.first() {
+                    tracing::warn!(
+                        module = %origin.display(),
+                        removed = removed.len(),
+                        "removed {} file(s) idem's user did not write from the compiled-component cache before compiling, so they are compiled again, not run: {} {problem}{}; find out who can write into {}",
+                        removed.len(),
+                        shown(first),
+                        if removed.len() > 1 { " (and others)" } else { "" },
+                        shown(self.dir()),
+                    );
+                }
+                None
+            }
+            Inspection::Untrusted { reason } => {
+                tracing::warn!(
+                    module = %origin.display(),
+                    "compiling without the compiled-component cache: {reason}"
+                );
+                Some(one_off_salt())
+            }
+        }
+    }
+}
+
+/// 16 bytes nobody can guess, from the kernel's random source (or, should
+/// that fail, from the standard library's per-process random hash keys).
+fn one_off_salt() -> [u8; 16] {
+    use std::io::Read;
+    let mut salt = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut salt));
+    if read.is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        for (i, half) in salt.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(i);
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    salt
 }
 
 /// Checks the cache directory itself (followed if it is a symlink: the

@@ -377,7 +377,7 @@ impl Runtime {
     ) -> Result<Arc<HandlerComponent>, LoadError> {
         let started = Instant::now();
         load::precheck(bytes, origin, &self.compile)?;
-        let salt = self.cache.as_ref().and_then(|c| inspect_cache(c, origin));
+        let salt = self.cache.as_ref().and_then(|c| c.before_compile(origin));
         let hits = self.cache.as_ref().map(|c| c.wasmtime().cache_hits());
         let component = load::compile(
             &self.engine,
@@ -651,57 +651,6 @@ fn truncate(mut reason: String) -> String {
         reason.push_str(&format!("… ({dropped} more bytes)"));
     }
     reason
-}
-
-/// Inspects the cache before compiling `origin` and warns once about what
-/// it found: files removed, or a tree this compile must not use. Returns
-/// the salt that keeps the compile from reading the cache (`None`: use it).
-fn inspect_cache(cache: &cache::CompiledCache, origin: &Path) -> Option<[u8; 16]> {
-    match cache.inspect() {
-        cache::Inspection::Trusted { removed } => {
-            if let Some((first, problem)) = removed.first() {
-                tracing::warn!(
-                    module = %origin.display(),
-                    removed = removed.len(),
-                    "removed {} file(s) idem's user did not write from the compiled-component cache before compiling, so they are compiled again, not run: {} {problem}{}; find out who can write into {}",
-                    removed.len(),
-                    cache::shown(first),
-                    if removed.len() > 1 { " (and others)" } else { "" },
-                    cache::shown(cache.dir()),
-                );
-            }
-            None
-        }
-        cache::Inspection::Untrusted { reason } => {
-            tracing::warn!(
-                module = %origin.display(),
-                "compiling without the compiled-component cache: {reason}"
-            );
-            Some(one_off_salt())
-        }
-    }
-}
-
-/// 16 bytes nobody can guess, from the kernel's random source (or, should
-/// that fail, from the standard library's per-process random hash keys).
-fn one_off_salt() -> [u8; 16] {
-    use std::io::Read;
-    let mut salt = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut salt));
-    if read.is_err() {
-        use std::hash::{BuildHasher, Hasher};
-        for (i, half) in salt.chunks_mut(8).enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(i);
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos()),
-            );
-            half.copy_from_slice(&h.finish().to_le_bytes());
-        }
-    }
-    salt
 }
 
 #[cfg(test)]
