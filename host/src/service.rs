@@ -159,11 +159,9 @@ impl Host {
     /// components and creates streams and consumers. Every error is one line
     /// that names what failed.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {
-        let cache_dir = config.runtime.effective_cache_dir();
-        let runtime = Arc::new(
-            Runtime::with_cache(crate::runtime::DEFAULT_CAPACITY, cache_dir.as_deref())
-                .context("cannot start the wasm runtime")?,
-        );
+        let options = crate::runtime::RuntimeOptions::of(config, crate::runtime::DEFAULT_CAPACITY);
+        let runtime =
+            Arc::new(Runtime::with_options(&options).context("cannot start the wasm runtime")?);
         // Load every module first: a bad module fails fast, before any connection.
         let mut modules = Vec::new();
         for h in &config.handlers {

@@ -266,9 +266,8 @@ async fn validate(
     origin: &std::path::Path,
     options: LoadOptions,
 ) -> anyhow::Result<()> {
-    let cache = config.runtime.effective_cache_dir();
     let runtime = Arc::new(
-        Runtime::with_cache(1, cache.as_deref())
+        Runtime::with_options(&crate::runtime::RuntimeOptions::of(config, 1))
             .map_err(|e| anyhow::anyhow!("cannot start the wasm runtime: {e:#}"))?,
     );
     let (bytes, path) = (bytes.to_vec(), origin.to_path_buf());

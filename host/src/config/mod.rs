@@ -112,6 +112,25 @@ pub struct RuntimeConfig {
     /// path is resolved against the config file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<PathBuf>,
+    /// The most functions (with a body, all core modules together) one
+    /// component may bring; a component with more is refused before it is
+    /// compiled. Default 50,000 (the Python and StarlingMonkey credit
+    /// components have about 13,000).
+    #[serde(default = "default_max_component_functions")]
+    pub max_component_functions: u32,
+    /// The most code (code sections, all core modules together) one
+    /// component may bring, in MiB; a component with more is refused
+    /// before it is compiled. Default 32 (StarlingMonkey's credit
+    /// component has 8.8 MiB).
+    #[serde(default = "default_max_component_code_mib")]
+    pub max_component_code_mib: u32,
+    /// The most freed guest memory, in MiB, that may stay resident while it
+    /// waits to be reset together with other freed instances' (one reset
+    /// per batch saves an interrupt to every core per message): the
+    /// pooling allocator's batch is sized so it stays within this. Default
+    /// 256; 0 resets each freed instance at once.
+    #[serde(default = "default_freed_memory_mib")]
+    pub freed_memory_mib: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -119,6 +138,9 @@ impl Default for RuntimeConfig {
         Self {
             cache: default_cache(),
             cache_dir: None,
+            max_component_functions: default_max_component_functions(),
+            max_component_code_mib: default_max_component_code_mib(),
+            freed_memory_mib: default_freed_memory_mib(),
         }
     }
 }
@@ -126,8 +148,26 @@ impl Default for RuntimeConfig {
 fn default_cache() -> bool {
     true
 }
+fn default_max_component_functions() -> u32 {
+    50_000
+}
+fn default_max_component_code_mib() -> u32 {
+    32
+}
+fn default_freed_memory_mib() -> u32 {
+    256
+}
 
 impl RuntimeConfig {
+    /// The compile limits of `max_component_functions` and
+    /// `max_component_code_mib`.
+    pub fn compile_limits(&self) -> crate::runtime::CompileLimits {
+        crate::runtime::CompileLimits {
+            max_functions: u64::from(self.max_component_functions),
+            max_code_bytes: u64::from(self.max_component_code_mib) << 20,
+        }
+    }
+
     /// The directory compiled components are kept in, or `None` when the
     /// cache is off or no cache directory can be found (no `$HOME`).
     pub fn effective_cache_dir(&self) -> Option<PathBuf> {
@@ -278,6 +318,9 @@ impl Config {
         let mut problems = Vec::new();
         if self.handlers.is_empty() {
             problems.push("no [[handler]] tables: add at least one handler".into());
+        }
+        if self.runtime.max_component_functions == 0 || self.runtime.max_component_code_mib == 0 {
+            problems.push("[runtime] max_component_functions and max_component_code_mib must be at least 1 (0 refuses every component)".into());
         }
         let in_flight: usize = self.handlers.iter().map(|h| h.concurrency).sum();
         if in_flight >= self.database.max_connections as usize {

@@ -2,6 +2,7 @@
 //! and say in one line what is wrong and what to do when it does not fit.
 
 use super::bindings::{HandlerPre, PROVIDED_IMPORTS};
+use super::code_size::{CompileLimits, OverLimit};
 use super::host_impl::HostState;
 use super::wasi;
 use sha2::{Digest, Sha256};
@@ -162,6 +163,15 @@ pub enum LoadError {
         /// What is wrong, as wasmtime or the file system said it.
         detail: String,
     },
+    /// More code than `[runtime]` lets one component bring: refused before
+    /// compiling (ARCHITECTURE.md, "Compile limits").
+    #[error("{}: refused before compiling: it {over}; a handler this large takes the host's memory to compile: make it smaller, or raise that setting", path.display())]
+    TooLarge {
+        /// The component file.
+        path: PathBuf,
+        /// Which limit it is over.
+        over: OverLimit,
+    },
     /// No `handle` export, or one of another type.
     #[error("{}: does not export `handle: func(msg: message) -> result<_, handler-error>` of world idem:handler/handler ({detail}); build it against this idem's wit/handler.wit", path.display())]
     BadExport {
@@ -208,7 +218,27 @@ pub(crate) fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
     })
 }
 
-/// Compiles and checks one component's `bytes`, read from `path`. See
+/// Checks what can be checked of `bytes`, read from `path`, without
+/// compiling: the header, and the code it brings against `limits`.
+pub(crate) fn precheck(bytes: &[u8], path: &Path, limits: &CompileLimits) -> Result<(), LoadError> {
+    let p = || path.to_path_buf();
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(LoadError::CoreModule { path: p() }),
+        Some([0, b'a', b's', b'm', ..]) => {}
+        _ => return Err(LoadError::NotWasm { path: p() }),
+    }
+    let size = super::code_size::measure(bytes)
+        .map_err(|detail| LoadError::Invalid { path: p(), detail })?;
+    match limits.check(&size) {
+        Some(over) => Err(LoadError::TooLarge { path: p(), over }),
+        None => Ok(()),
+    }
+}
+
+/// Compiles and checks one component's `bytes`, read from `path` (already
+/// through [`precheck`]). With `salt`, wasmtime's cache is not read: the
+/// bytes compiled carry a custom section holding the salt, so their cache
+/// key is one nobody can have written (see [`super::cache`]). See
 /// [`super::Runtime::load_bytes`].
 pub(crate) fn compile(
     engine: &Engine,
@@ -216,19 +246,39 @@ pub(crate) fn compile(
     bytes: &[u8],
     path: &Path,
     options: LoadOptions,
+    salt: Option<&[u8; 16]>,
 ) -> Result<HandlerComponent, LoadError> {
     let p = || path.to_path_buf();
-    match bytes.get(..8) {
-        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(LoadError::CoreModule { path: p() }),
-        Some([0, b'a', b's', b'm', ..]) => {}
-        _ => return Err(LoadError::NotWasm { path: p() }),
-    }
-    let component = Component::from_binary(engine, bytes).map_err(|e| LoadError::Invalid {
+    let salted;
+    let compiled = match salt {
+        Some(salt) => {
+            salted = with_salt(bytes, salt);
+            &salted[..]
+        }
+        None => bytes,
+    };
+    let component = Component::from_binary(engine, compiled).map_err(|e| LoadError::Invalid {
         path: p(),
         detail: one_line(&e),
     })?;
     let digest = hex::encode(Sha256::digest(bytes));
     link(engine, linkers, &component, path, options, digest)
+}
+
+/// The name of the custom section [`compile`] adds to skip the cache.
+const SALT_SECTION: &[u8] = b"idem-uncached";
+
+/// `bytes` with a custom section (id 0) named [`SALT_SECTION`] holding
+/// `salt` appended: the same component, another cache key.
+fn with_salt(bytes: &[u8], salt: &[u8; 16]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 3 + SALT_SECTION.len() + salt.len());
+    out.extend_from_slice(bytes);
+    // Both lengths are below 128: one LEB128 byte each.
+    let size = 1 + SALT_SECTION.len() + salt.len();
+    out.extend_from_slice(&[0, size as u8, SALT_SECTION.len() as u8]);
+    out.extend_from_slice(SALT_SECTION);
+    out.extend_from_slice(salt);
+    out
 }
 
 /// Checks a compiled component's imports and exports against the host's.
@@ -294,6 +344,7 @@ fn link(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::runtime::Runtime;
 
@@ -315,6 +366,34 @@ mod tests {
             LoadOptions { wasi },
             String::new(),
         )
+    }
+
+    #[test]
+    fn a_salted_component_compiles_as_the_same_component() {
+        let rt = Runtime::with_capacity(1).unwrap();
+        let bytes =
+            wat::parse_str("(component (core module (func (result i32) i32.const 7)))").unwrap();
+        let salted = with_salt(&bytes, &[7; 16]);
+        assert_eq!(salted.len(), bytes.len() + 3 + SALT_SECTION.len() + 16);
+        assert_eq!(
+            crate::runtime::code_size::measure(&salted),
+            crate::runtime::code_size::measure(&bytes)
+        );
+        for salt in [None, Some(&[7; 16])] {
+            let loaded = compile(
+                &rt.engine,
+                &rt.linkers,
+                &bytes,
+                Path::new("h.wasm"),
+                LoadOptions::default(),
+                salt,
+            );
+            // It compiles; what is missing is the world's export.
+            assert!(
+                matches!(loaded, Err(LoadError::BadExport { .. })),
+                "{loaded:?}"
+            );
+        }
     }
 
     #[test]

@@ -32,14 +32,19 @@
 //! store and its instance are dropped and the transaction is handed back.
 
 mod bindings;
+mod cache;
+pub mod code_size;
 mod guest_log;
 mod host_impl;
 mod load;
 #[cfg(feature = "native-handler")]
 pub mod native;
+pub mod options;
 pub mod wasi;
 
+pub use code_size::CompileLimits;
 pub use load::{HandlerComponent, LoadError, LoadOptions};
+pub use options::RuntimeOptions;
 
 use crate::sql_guard::SqlGuard;
 use crate::store::Tx;
@@ -64,12 +69,6 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The longest reason a guest may return; longer ones are truncated.
 pub const MAX_REASON_BYTES: usize = 4096;
-
-/// How many freed instances' memories and tables the pooling allocator
-/// resets together (wasmtime's `decommit_batch_size`): one reset per
-/// instance costs a TLB shootdown (an interrupt to every other core) per
-/// message; batched, it is paid once per batch.
-const DECOMMIT_BATCH: usize = 32;
 
 /// Instances that may run at once with [`Runtime::new`].
 pub const DEFAULT_CAPACITY: u32 = 128;
@@ -190,8 +189,13 @@ impl HandlerFailure {
 pub struct Runtime {
     engine: Engine,
     linkers: load::Linkers,
-    /// wasmtime's compiled-code cache, when on: held to read its hit count.
-    cache: Option<wasmtime::Cache>,
+    /// wasmtime's compiled-code cache, when on: inspected before each
+    /// compile, and held to read its hit count.
+    cache: Option<cache::CompiledCache>,
+    /// The most code one component may bring to compile.
+    compile: CompileLimits,
+    /// The pooling allocator's decommit batch ([`options::decommit_batch`]).
+    decommit_batch: usize,
 }
 
 impl Runtime {
@@ -217,7 +221,10 @@ impl Runtime {
     /// thread that advances the epoch cannot be spawned. Nothing is left
     /// running.
     pub fn with_capacity(capacity: u32) -> anyhow::Result<Self> {
-        Self::with_cache(capacity, None)
+        Self::with_options(&RuntimeOptions {
+            capacity,
+            ..RuntimeOptions::default()
+        })
     }
 
     /// A runtime like [`Runtime::with_capacity`] that keeps compiled
@@ -225,18 +232,43 @@ impl Runtime {
     /// wasmtime's own cache: keyed by a hash of the component's bytes, the
     /// wasmtime version and the engine's settings, so a restart, or another
     /// host on the machine, loads a component it has compiled before
-    /// without compiling it. `None`: no cache.
+    /// without compiling it. `None`: no cache. Other options default
+    /// ([`RuntimeOptions`]).
     ///
-    /// The cache directory is trusted as the binary is: wasmtime loads
-    /// what it finds there as machine code after checking only that it was
-    /// made by this wasmtime with these settings, so it must be writable by
-    /// idem's user alone (systemd's `CacheDirectory=` is).
+    /// wasmtime loads what it finds there as machine code after checking
+    /// only that this wasmtime with these settings made it, so the cache
+    /// holds only what idem's user wrote: its parents must be root's or
+    /// idem's user's and writable by nobody else (root's sticky `/tmp`
+    /// excepted), and before each compile the tree is walked: a file idem's
+    /// user did not write (or others may write) is removed and compiled
+    /// again, and a directory others may write makes that compile skip the
+    /// cache, with a warning (ARCHITECTURE.md, "Compiled-component cache").
     ///
     /// # Errors
     /// As [`Runtime::with_capacity`], and when the cache directory cannot
-    /// be created.
+    /// be created, or it or one of its parents belongs to another user or
+    /// is writable by other users.
     pub fn with_cache(capacity: u32, cache_dir: Option<&Path>) -> anyhow::Result<Self> {
-        let capacity = capacity.max(1);
+        Self::with_options(&RuntimeOptions {
+            capacity,
+            cache_dir: cache_dir.map(Path::to_path_buf),
+            ..RuntimeOptions::default()
+        })
+    }
+
+    /// A runtime made with `options`: [`Runtime::with_cache`] plus the
+    /// compile limits and the memory the decommit batch is sized on.
+    ///
+    /// # Errors
+    /// As [`Runtime::with_cache`].
+    pub fn with_options(options: &RuntimeOptions) -> anyhow::Result<Self> {
+        let capacity = options.capacity.max(1);
+        let decommit_batch = options::decommit_batch(
+            options.largest_memory_bytes,
+            options::decommit_queues(),
+            options.decommit_budget_bytes,
+        )
+        .min(capacity as usize);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(capacity)
             .total_stacks(capacity)
@@ -245,17 +277,20 @@ impl Runtime {
             .total_core_instances(capacity.saturating_mul(8))
             .total_memories(capacity.saturating_mul(2))
             .total_tables(capacity.saturating_mul(4))
-            .decommit_batch_size(DECOMMIT_BATCH.min(capacity as usize));
+            // Freed instances wait to be reset together (one TLB shootdown
+            // per batch rather than per message), resident meanwhile: the
+            // batch is sized so they stay within a budget.
+            .decommit_batch_size(decommit_batch);
         let mut config = Config::new();
         config
             .wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let cache = match cache_dir {
-            Some(dir) => Some(open_cache(dir)?),
+        let cache = match &options.cache_dir {
+            Some(dir) => Some(cache::CompiledCache::open(dir)?),
             None => None,
         };
-        config.cache(cache.clone());
+        config.cache(cache.as_ref().map(|c| c.wasmtime().clone()));
         let engine = Engine::new(&config)?;
 
         let mut plain = Linker::new(&engine);
@@ -278,11 +313,21 @@ impl Runtime {
                     std::thread::sleep(EPOCH_TICK);
                 }
             })?;
+        tracing::debug!(capacity, decommit_batch, cache_dir = ?cache.as_ref().map(|c| c.dir().display().to_string()), "wasm runtime ready");
         Ok(Self {
             engine,
             linkers,
             cache,
+            compile: options.compile,
+            decommit_batch,
         })
+    }
+
+    /// The pooling allocator's decommit batch: how many freed instances'
+    /// memories (per queue, [`options::decommit_queues`]) wait to be reset
+    /// together.
+    pub fn decommit_batch(&self) -> usize {
+        self.decommit_batch
     }
 
     /// Reads and compiles a component once, and checks that it is a
@@ -330,10 +375,21 @@ impl Runtime {
         origin: &Path,
         options: LoadOptions,
     ) -> Result<Arc<HandlerComponent>, LoadError> {
-        let hits = self.cache.as_ref().map(wasmtime::Cache::cache_hits);
         let started = Instant::now();
-        let component = load::compile(&self.engine, &self.linkers, bytes, origin, options)?;
-        let cache = match (hits, self.cache.as_ref().map(wasmtime::Cache::cache_hits)) {
+        load::precheck(bytes, origin, &self.compile)?;
+        let salt = self.cache.as_ref().and_then(|c| c.before_compile(origin));
+        let hits = self.cache.as_ref().map(|c| c.wasmtime().cache_hits());
+        let component = load::compile(
+            &self.engine,
+            &self.linkers,
+            bytes,
+            origin,
+            options,
+            salt.as_ref(),
+        )?;
+        let after = self.cache.as_ref().map(|c| c.wasmtime().cache_hits());
+        let cache = match (hits, after) {
+            _ if salt.is_some() => "skipped",
             (Some(before), Some(after)) if after > before => "hit",
             (Some(_), _) => "miss",
             _ => "off",
@@ -596,72 +652,6 @@ fn truncate(mut reason: String) -> String {
         reason.push_str(&format!("… ({dropped} more bytes)"));
     }
     reason
-}
-
-/// Refuses a cache directory another user could write to: wasmtime loads
-/// what it finds there as machine code after checking only that this
-/// wasmtime with these settings made it, so a file planted there would run
-/// as the handler (with its receipts naming another component). The
-/// directory must be a directory owned by idem's user and not writable by
-/// group or others; what it holds is then as trusted as the binary.
-fn check_cache_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot use the compiled-component cache {}: {e}; set [runtime] cache_dir to a directory only idem's user can write, or cache = false",
-            dir.display()
-        )
-    })?;
-    if !meta.is_dir() {
-        anyhow::bail!(
-            "the compiled-component cache {} is not a directory; set [runtime] cache_dir to a directory only idem's user can write, or cache = false",
-            dir.display()
-        );
-    }
-    // The owner of /proc/self is this process's effective user.
-    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
-    if me.is_some_and(|me| me != meta.uid()) {
-        anyhow::bail!(
-            "the compiled-component cache {} belongs to another user (uid {}); wasmtime runs what it finds there: use a directory idem's user owns ([runtime] cache_dir) or cache = false",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o022 != 0 {
-        anyhow::bail!(
-            "the compiled-component cache {} is writable by other users (mode {:o}); wasmtime runs what it finds there: chmod 700 it, or set [runtime] cache_dir or cache = false",
-            dir.display(),
-            meta.mode() & 0o777
-        );
-    }
-    Ok(())
-}
-
-/// wasmtime's cache in `dir`, which is created (mode 0700: only idem's user
-/// may put code there) when missing.
-fn open_cache(dir: &Path) -> anyhow::Result<wasmtime::Cache> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot create the compiled-component cache {}: {e}; set [runtime] cache_dir to a writable directory or cache = false",
-                    dir.display()
-                )
-            })?;
-    }
-    check_cache_dir(dir)?;
-    let mut config = wasmtime::CacheConfig::new();
-    config.with_directory(dir);
-    wasmtime::Cache::new(config).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot use the compiled-component cache {}: {e}",
-            dir.display()
-        )
-    })
 }
 
 #[cfg(test)]

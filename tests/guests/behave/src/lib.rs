@@ -5,6 +5,9 @@
 //! - `trap`: panics (an abort, so a trap).
 //! - `loop`: spins forever (stopped by the host's deadline).
 //! - `membomb`: allocates until the host's memory limit stops it.
+//! - `touch` `{mib, account_id, amount}`: writes one byte in every 4 KiB
+//!   page of `mib` MiB it allocates (so the pages are resident), then
+//!   credits.
 //! - `sql` `{sql, params?, repeat?}`: executes the statement (`repeat` times,
 //!   default 1); on failure rejects with `"<kind>: <message>"`.
 //! - `query` `{sql, params?}`: runs the query and rejects with
@@ -213,6 +216,17 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
                 hoard.push(vec![1u8; 1 << 20]);
                 std::hint::black_box(&hoard);
             }
+        }
+        "touch" => {
+            let mib = usize::try_from(int(p, "mib")?).unwrap_or(0);
+            let mut pages = vec![0u8; mib << 20];
+            for (i, page) in pages.chunks_mut(4096).enumerate() {
+                if let Some(first) = page.first_mut() {
+                    *first = i as u8 | 1;
+                }
+            }
+            std::hint::black_box(&pages);
+            credit(p)
         }
         "sql" => {
             let sql = text(p, "sql")?;
