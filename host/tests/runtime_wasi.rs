@@ -363,13 +363,16 @@ async fn stdout_shares_the_log_cap_and_drops_are_counted() {
     let db = db().await;
     LazyLock::force(&PROBE);
     let (_guard, buf) = capture();
+    // Each line costs its fixed part (timestamp, level, target, the tags)
+    // and its text: room for the log line, two stdout lines of 40 bytes and
+    // 7 bytes of the third; 113 bytes are dropped (the rest of the third
+    // line, the fourth and the fifth: 3 lines).
+    let o = idem::log_format::guest_line_overhead("wasi-probe", "evt-1");
+    let cap = (o + 10) + 2 * (o + 40) + (o + 7);
     let limits = Limits {
-        max_log_bytes: 100,
+        max_log_bytes: cap,
         ..Limits::default()
     };
-    // The log line costs 11 bytes (with its newline); five stdout lines of 41
-    // bytes follow: two fit (82), 7 bytes of the third, 116 bytes are dropped
-    // (the rest of the third line, the fourth and the fifth: 3 lines).
     let x = "x".repeat(40);
     let r = probe(
         &db,
@@ -386,9 +389,10 @@ async fn stdout_shares_the_log_cap_and_drops_are_counted() {
             format!(" INFO idem::guest: {x} {tags} stream=\"stdout\" truncated=false"),
             format!(" INFO idem::guest: {x} {tags} stream=\"stdout\" truncated=false"),
             format!(" INFO idem::guest: xxxxxxx {tags} stream=\"stdout\" truncated=true"),
-            " WARN idem::guest: guest log output over the per-message cap was dropped \
-             handler=wasi-probe message_id=evt-1 dropped_bytes=116 dropped_lines=3 cap_bytes=100"
-                .to_string(),
+            format!(
+                " WARN idem::guest: guest log output over the per-message cap (max_log_kib) was dropped \
+                 handler=wasi-probe message_id=evt-1 dropped_bytes=113 dropped_lines=3 cap_bytes={cap}"
+            ),
         ]
     );
 }
