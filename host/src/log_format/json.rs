@@ -124,7 +124,7 @@ fn to_json(value: &Value) -> Result<String, fmt::Error> {
 
 /// Serialized JSON with the characters serde_json leaves raw but
 /// [`needs_escape`] picks (DEL, C1 controls, separators, bidirectional
-/// controls) written as `\uXXXX`. They can stand only inside strings (no
+/// controls) written as `\u` and four hex digits. They can stand only inside strings (no
 /// JSON syntax uses them), so the result is the same JSON value.
 fn escape_rest(json: &str) -> std::borrow::Cow<'_, str> {
     if !json.chars().any(needs_escape) {
