@@ -135,7 +135,7 @@ fn quoted(name: &str) -> String {
 impl Database {
     /// Reads what the pool's idle connections commit under (at least one
     /// connection) and refuses a commit that is not durable on return
-    /// ([`not_durable`], module docs); with `accept` it warns once instead.
+    /// (see the module docs); with `accept` it warns once instead.
     /// Call it once the pool is ready (after migrations) and before the
     /// first receipt commits.
     ///
