@@ -164,6 +164,21 @@ impl TestDb {
             .collect()
     }
 
+    /// The credit-log example's `credit_log` table as (event id, version),
+    /// by event id: which messages the logging version of the credit
+    /// component applied.
+    pub async fn credit_log(&self) -> Vec<(String, String)> {
+        let pool = self.pool().await;
+        let rows = sqlx::query("SELECT event_id, version FROM credit_log ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows.iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect()
+    }
+
     /// (message_id, reason) of every dead letter of `consumer`, by id.
     pub async fn dead_letters(&self, consumer: &str) -> Vec<(Option<String>, String)> {
         let pool = self.pool().await;

@@ -171,7 +171,7 @@ async fn put_in_place(
         Ok(installed) => {
             store.trust().running_now(&handler.name, revision);
             if let Installed::Swapped { .. } = &installed {
-                tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = ?deployment.note, by = ?deployment.by, "deployed version in place");
+                tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");
             }
             Ok(installed)
         }
