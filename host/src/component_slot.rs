@@ -18,6 +18,7 @@
 use crate::handler_info;
 use crate::runtime::HandlerComponent;
 use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -26,6 +27,9 @@ pub struct ComponentSlot {
     handler: Arc<str>,
     current: ArcSwap<HandlerComponent>,
     refused: Mutex<Option<Refused>>,
+    /// The latest deployments-bucket revision acted on (0: none yet; KV
+    /// revisions start at 1).
+    seen: AtomicU64,
 }
 
 /// A version this host was given and could not load.
@@ -51,6 +55,7 @@ impl ComponentSlot {
             handler: Arc::from(handler),
             current: ArcSwap::new(component),
             refused: Mutex::new(None),
+            seen: AtomicU64::new(0),
         }
     }
 
@@ -98,6 +103,20 @@ impl ComponentSlot {
     /// The last version refused since the current one was put in place.
     pub fn refused(&self) -> Option<Refused> {
         self.refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Notes that the deployment record at KV `revision` has been acted on
+    /// (put in place, found in place, or refused): what the slot holds now
+    /// is this host's answer to it. Keeps the highest revision seen.
+    pub fn saw_revision(&self, revision: u64) {
+        self.seen.fetch_max(revision, Ordering::Release);
+    }
+
+    /// The highest deployment revision acted on ([`Self::saw_revision`]),
+    /// `None` before the first. Read it before [`Self::current`]: the
+    /// component then read is at least the answer to that revision.
+    pub fn seen_revision(&self) -> Option<u64> {
+        Some(self.seen.load(Ordering::Acquire)).filter(|r| *r > 0)
     }
 
     /// Forgets a refused version (the deployment now names the one in

@@ -89,7 +89,9 @@ pub enum RunMode {
 
 impl Host {
     /// With `[deploy] follow`: the task that follows the deployments
-    /// bucket and the one that reports this host's versions.
+    /// bucket (for every handler but those with `watch = true`, whose
+    /// module file is their one source) and the one that reports this
+    /// host's versions.
     fn follow_deployments(&self) -> Vec<tokio::task::JoinHandle<()>> {
         let Some(store) = &self.deploy else {
             return Vec::new();
@@ -97,6 +99,7 @@ impl Host {
         let followed = self
             .handlers
             .iter()
+            .filter(|h| !h.pipeline.config().watch)
             .map(|h| Followed::of(h.pipeline.config(), h.pipeline.handler()))
             .collect();
         let reported = self
@@ -106,6 +109,7 @@ impl Host {
                 name: h.pipeline.name().to_string(),
                 slot: h.pipeline.handler().slot().clone(),
                 stats: h.pipeline.stats().clone(),
+                watched: h.pipeline.config().watch,
             })
             .collect();
         vec![

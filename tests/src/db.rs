@@ -148,6 +148,37 @@ impl TestDb {
         rows.iter().map(|r| r.get::<String, _>(0)).collect()
     }
 
+    /// (message_id, module_digest) of every receipt of `consumer`, by
+    /// message id: which component applied each message.
+    pub async fn receipt_digests(&self, consumer: &str) -> Vec<(String, String)> {
+        let pool = self.pool().await;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT message_id, module_digest FROM idem_receipts WHERE consumer = '{consumer}' ORDER BY message_id"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        rows.iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect()
+    }
+
+    /// The credit-log example's `credit_log` table as (event id, version),
+    /// by event id: which messages the logging version of the credit
+    /// component applied.
+    pub async fn credit_log(&self) -> Vec<(String, String)> {
+        let pool = self.pool().await;
+        let rows = sqlx::query("SELECT event_id, version FROM credit_log ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows.iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect()
+    }
+
     /// (message_id, reason) of every dead letter of `consumer`, by id.
     pub async fn dead_letters(&self, consumer: &str) -> Vec<(Option<String>, String)> {
         let pool = self.pool().await;

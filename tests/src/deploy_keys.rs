@@ -105,3 +105,12 @@ pub fn trust_in(cfg: &Path, keys: &DeployKeys) {
     text.push_str(&keys.section());
     std::fs::write(cfg, text).unwrap();
 }
+
+/// `idem deploy --config cfg ARGS`, signing with the test's deploy key
+/// ([`DeployKeys::of`] the config's directory): `(exit code, stdout,
+/// stderr)`.
+pub fn deploy_cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["deploy", "--config", cfg.to_str().unwrap()];
+    all.extend_from_slice(args);
+    crate::idem_cli(&all, &DeployKeys::of(cfg.parent().unwrap()).env())
+}

@@ -652,8 +652,9 @@ async fn receipts_show_and_prune(backend: Backend) {
         &cfg,
         &["receipts", "show", "--handler", "nobody"],
         &format!(
-            "handler `nobody` is not in {} (it has behave, other); check the name or pass the \
-             config that runs it with --config",
+            "`nobody` is no handler of {} (it has behave, other) and has nothing stored under \
+             it as an `idem replay --as` name; check the name or pass the config that runs it \
+             with --config",
             cfg.display()
         ),
     )
@@ -757,8 +758,9 @@ async fn foreign_and_binary_dead_letters(backend: Backend) {
         &cfg,
         &["dlq", "redrive", "--handler", "gone", "--all"],
         &format!(
-            "handler `gone` is not in {} (it has behave); check the name or pass the config \
-             that runs it with --config",
+            "dead letter 1 (handler gone, message evt_g) belongs to handler `gone`, which is \
+             not in {}; add that handler to the config (or pass its config with --config), or \
+             drop the dead letter with `idem dlq drop 1`",
             cfg.display()
         ),
     )

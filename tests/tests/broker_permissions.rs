@@ -204,20 +204,6 @@ async fn stored_module(admin: &jetstream::Context, name: &str) -> Vec<u8> {
     bytes
 }
 
-/// `credit_log` as (event id, version), by event id.
-async fn credit_log(db: &TestDb) -> Vec<(String, String)> {
-    use sqlx::Row;
-    let pool = db.pool().await;
-    let rows = sqlx::query("SELECT event_id, version FROM credit_log ORDER BY event_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    rows.iter()
-        .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
-        .collect()
-}
-
 /// `idem status` as the deployer, polled until it shows the host with
 /// `processed` effects (reports come every 3 s): that one line.
 fn status_line_once_processed(deployer: &Path, processed: u64) -> String {
@@ -309,7 +295,7 @@ async fn each_role_does_its_job_and_nothing_else() {
         .await
         .unwrap();
     host.wait_for(HANDLER, "e3", |s| s.processed == 3).await;
-    assert_eq!(credit_log(&db).await, vec![("e3".into(), "v2".into())]);
+    assert_eq!(db.credit_log().await, vec![("e3".into(), "v2".into())]);
     let mut sorted = vec![d1.clone(), d2.clone()];
     sorted.sort();
     let before = BrokerState {
@@ -442,7 +428,7 @@ async fn each_role_does_its_job_and_nothing_else() {
     assert_eq!(summary[0].1.dead_lettered, 0);
     assert_eq!(db.balance(1).await, Some(40));
     assert_eq!(
-        credit_log(&db).await,
+        db.credit_log().await,
         vec![("e3".into(), "v2".into()), ("e4".into(), "v2".into())]
     );
     let state = broker_state(&admin).await;

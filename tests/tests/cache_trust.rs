@@ -49,11 +49,12 @@ fn as_other_user(script: &str) {
 }
 
 /// `idem.toml` in `dir`: handler `h` running `guest` (a credit handler on
-/// `accounts`), and `[runtime]` with `runtime` as its body.
+/// `accounts`), `[runtime]` with `runtime` as its body, and deployments
+/// not followed (so the only warnings are the cache's).
 fn config(dir: &Path, nats: &Nats, db: &TestDb, guest: &str, runtime: &str) -> PathBuf {
     let cfg = write_config(dir, nats, db, &[HandlerSpec::new("h", guest)]);
     let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str(&format!("[runtime]\n{runtime}\n"));
+    text.push_str(&format!("[runtime]\n{runtime}\n[deploy]\nfollow = false\n"));
     std::fs::write(&cfg, text).unwrap();
     cfg
 }
@@ -178,28 +179,12 @@ async fn compiled_code_another_user_put_under_a_key_is_never_run() {
     assert_eq!(db.dead_letters("h").await, vec![]);
     let b_digest = sha256_hex(&std::fs::read(guest("credit")).unwrap());
     assert_eq!(
-        receipt_digests(&db).await,
+        db.receipt_digests("h").await,
         vec![
             ("e1".to_owned(), b_digest.clone()),
             ("e2".to_owned(), b_digest)
         ]
     );
-}
-
-/// Each receipt's message id and the digest of the component that applied it.
-async fn receipt_digests(db: &TestDb) -> Vec<(String, String)> {
-    use sqlx::Row;
-    let pool = db.pool().await;
-    let rows = sqlx::query(
-        "SELECT message_id, module_digest FROM idem_receipts WHERE consumer = 'h' ORDER BY message_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-    rows.iter()
-        .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
-        .collect()
 }
 
 /// A file the other user planted while the version directory was writable

@@ -3,10 +3,14 @@
 //! broker's (libfaketime, see `idem_tests::clock`) judges the horizon and
 //! prunes receipts exactly like one whose clock is right. On SQLite the
 //! database's clock is the host's (it runs in the host process), so it is
-//! skewed with it; the PostgreSQL server keeps the machine's clock.
+//! skewed with it; the PostgreSQL server keeps the machine's clock. And
+//! `idem deploy --wait` judges a host by the deployment revision it
+//! reports, never by comparing its clock to the deploying machine's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_tests::chaos::HostProcess;
+use idem_tests::deploy_keys::{DeployKeys, deploy_cli, trust_in};
+use idem_tests::examples::{credit_log_migrations, sha256_hex};
 use idem_tests::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -217,3 +221,82 @@ on_both_databases!(
     a_host_ahead_of_the_broker_runs_a_fresh_message,
     a_host_ahead_of_the_broker_runs_a_fresh_message
 );
+
+/// A host 20 s behind the deploying machine (libfaketime) swaps as soon as
+/// the record is written; `idem deploy --wait` sees that from the revision
+/// it reports, well inside its timeout, where comparing the report's time
+/// to the deploy's would call every report stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_wait_sees_a_host_whose_clock_runs_behind() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nmax_connections = 4\n[[handler]]\nname = \"h\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\", \"credit_log\"]\nmigrations = \"{}\"\n",
+            nats.url(),
+            db.url,
+            guest("credit").display(),
+            credit_log_migrations(dir.path()).display()
+        ),
+    )
+    .unwrap();
+    trust_in(&cfg, &DeployKeys::of(dir.path()));
+    let mut host = skewed_host(&cfg, dir.path(), "behind", "-20s").await;
+    let js = nats.jetstream().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    publish(&js, "accounts.credit", &credit("e1", 1, 3), &[]).await;
+    while db.balance(1).await != Some(3) {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let v2 = guest("credit-log");
+    let d2 = sha256_hex(&std::fs::read(&v2).unwrap());
+    for (revision, module) in [(1, v2.clone()), (2, guest("credit"))] {
+        let (code, out, err) = deploy_cli(
+            &cfg,
+            &["h", module.to_str().unwrap(), "--wait", "--timeout", "15s"],
+        );
+        let digest = sha256_hex(&std::fs::read(&module).unwrap());
+        assert_eq!(code, 0, "{out}{err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with(&format!("deployed {digest} to `h` (revision {revision}")),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with(&format!("every live host runs {digest}: ")),
+            "{out}"
+        );
+        if revision == 1 {
+            publish(&js, "accounts.credit", &credit("e2", 1, 4), &[]).await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while db.balance(1).await != Some(7) {
+                assert!(Instant::now() < deadline, "e2 not applied");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let ended = host.terminate(Duration::from_secs(20));
+    assert!(
+        ended.status.is_some_and(|s| s.success()),
+        "{:?}",
+        ended.status
+    );
+    assert_eq!(
+        db.receipt_digests("h").await,
+        [
+            (
+                "e1".to_owned(),
+                sha256_hex(&std::fs::read(guest("credit")).unwrap())
+            ),
+            ("e2".to_owned(), d2)
+        ]
+    );
+}

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_tests::chaos::{HostProcess, publish_all};
+use idem_tests::deploy_keys::{DeployKeys, deploy_cli, trust_in};
 use idem_tests::examples::{eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -174,18 +175,10 @@ async fn a_component_over_the_compile_limits_is_refused_before_compiling() {
         &module.display().to_string(),
     );
     std::fs::write(&cfg, text + "[runtime]\ncache = false\n").unwrap();
+    trust_in(&cfg, &DeployKeys::of(dir.path()));
 
     // `idem deploy`: refused, in one line naming the limit and the setting.
-    let (code, out, err) = idem_cli(
-        &[
-            "deploy",
-            "--config",
-            cfg.to_str().unwrap(),
-            "h",
-            big.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (code, out, err) = deploy_cli(&cfg, &["h", big.to_str().unwrap()]);
     assert_eq!((code, out.as_str()), (1, ""), "{err}");
     assert_eq!(err, format!("idem: refused, nothing deployed: {said}\n"));
 

@@ -38,36 +38,6 @@ fn config(
     cfg
 }
 
-/// Each receipt's message id and the digest of the component that applied it.
-async fn receipt_digests(db: &TestDb) -> Vec<(String, String)> {
-    use sqlx::Row;
-    let pool = db.pool().await;
-    let rows = sqlx::query(
-        "SELECT message_id, module_digest FROM idem_receipts WHERE consumer = 'h' ORDER BY message_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-    rows.iter()
-        .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
-        .collect()
-}
-
-/// `credit_log` as (event id, version), by event id.
-async fn credit_log(db: &TestDb) -> Vec<(String, String)> {
-    use sqlx::Row;
-    let pool = db.pool().await;
-    let rows = sqlx::query("SELECT event_id, version FROM credit_log ORDER BY event_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    rows.iter()
-        .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
-        .collect()
-}
-
 /// v1 (credit) runs; the file is replaced by v2 (credit-log) and the next
 /// messages run on v2; a truncated file is refused and v2 keeps running;
 /// the complete v1 file puts v1 back. Balances, receipts' digests and v2's
@@ -136,7 +106,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
     assert_eq!(db.balance(1).await, Some(63));
     let by = |d: &str| d.to_owned();
     assert_eq!(
-        receipt_digests(&db).await,
+        db.receipt_digests("h").await,
         vec![
             ("e1".into(), by(&d1)),
             ("e2".into(), by(&d1)),
@@ -147,7 +117,7 @@ async fn watch_swaps_a_replaced_module_and_refuses_a_truncated_one() {
         ]
     );
     assert_eq!(
-        credit_log(&db).await,
+        db.credit_log().await,
         vec![
             ("e3".into(), "v2".into()),
             ("e4".into(), "v2".into()),

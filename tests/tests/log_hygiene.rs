@@ -10,6 +10,7 @@
 
 use idem::log_format::{guest_line_overhead, needs_escape};
 use idem_tests::chaos::HostProcess;
+use idem_tests::deploy_keys::{DeployKeys, trust_in};
 use idem_tests::examples::eventually;
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,8 @@ async fn hostile_text_in(format: &str) -> String {
     t.identity = "header:Nats-Msg-Id".into();
     t.extra = "max_deliver = 1\n".into();
     let cfg = write_config(dir.path(), &nats, &db, &[h, t]);
+    let keys = DeployKeys::of(dir.path());
+    trust_in(&cfg, &keys);
     let env = [("IDEM_LOG_FORMAT", format)];
     let host = HostProcess::spawn_with_env(&test_host(), &cfg, &env, dir.path(), "host");
     logged(&host, "every handler is consuming").await;
@@ -128,7 +131,7 @@ async fn hostile_text_in(format: &str) -> String {
             "--timeout",
             "20s",
         ],
-        &[("USER", &forged())],
+        &[("USER", &forged()), keys.env()[0]],
     );
     assert_eq!(code, 0, "{err}");
     logged(&host, "deployed version in place").await;

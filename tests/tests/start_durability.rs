@@ -286,7 +286,7 @@ async fn receipts_and_redrive_take_the_names_replay_makes() {
     let (code, _, err) = cli(&cfg, &["receipts", "show", "--handler", "behvae"], "off");
     assert_eq!(
         (code, err.as_str()),
-        (1, format!("idem: `behvae` is no handler of {} (it has behave) and has nothing stored under it as an `idem replay --as` name; check the name\n", cfg.display()).as_str())
+        (1, format!("idem: `behvae` is no handler of {} (it has behave) and has nothing stored under it as an `idem replay --as` name; check the name or pass the config that runs it with --config\n", cfg.display()).as_str())
     );
 
     // Fix what failed, then redrive one by id and the rest by name.

@@ -14,6 +14,7 @@
 //! now, and what `--rollback` returns to, is read from the records the
 //! config's `[deploy] trusted_keys` vouch for, never from one they do not.
 
+use super::deploy_wait::wait_for_hosts;
 use super::handler;
 use crate::cli::ConfigArg;
 use crate::config::Config;
@@ -28,7 +29,7 @@ use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -149,7 +150,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         },
     };
     let started = OffsetDateTime::now_utc();
-    if let Some(d) = running.as_ref().filter(|d| d.digest == digest) {
+    let revision = if let Some(d) = running.as_ref().filter(|d| d.digest == digest) {
         // Recorded again (a new revision, the same previous): a host that
         // refused it, say while its object was missing, tries again.
         store.put_module(&digest, &bytes).await?;
@@ -170,6 +171,7 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
             "`{}` already had {digest} deployed; recorded again (revision {revision}) so hosts that refused it try again",
             h.name
         );
+        revision
     } else {
         store.put_module(&digest, &bytes).await?;
         let note = match (&args.note, args.rollback) {
@@ -201,9 +203,10 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
                 .map(|p| format!(", previous {p}"))
                 .unwrap_or_default()
         );
-    }
+        revision
+    };
     if args.wait {
-        wait_for_hosts(&store, &h.name, &digest, args.timeout, started).await?;
+        wait_for_hosts(&store, &h.name, &digest, revision, args.timeout, started).await?;
     }
     Ok(())
 }
@@ -336,13 +339,15 @@ const MAX_REPORT_BYTES: usize = 256 * 1024;
 
 /// A live host's report and whether a key of `[deploy] trusted_hosts`
 /// signed it.
-struct Report {
-    report: HostReport,
-    verified: bool,
+pub(super) struct Report {
+    /// The report as read from the hosts bucket.
+    pub report: HostReport,
+    /// Whether a trusted host key signed it, under its own name.
+    pub verified: bool,
 }
 
 /// Every live host's report, by host id.
-async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> {
+pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> {
     let trusted: Vec<nkeys::KeyPair> = store
         .config()
         .trusted_hosts
@@ -365,69 +370,6 @@ async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> {
     }
     reports.sort_by(|a, b| a.report.host.cmp(&b.report.host));
     Ok(reports)
-}
-
-/// Waits until every live host that runs `handler` runs `digest`, as told
-/// by a report it wrote after `since` (the deploy): an older report says
-/// what the host ran before. With `[deploy] trusted_hosts`, only verified
-/// reports count; the others are named once, as ignored.
-async fn wait_for_hosts(
-    store: &DeployStore,
-    handler: &str,
-    digest: &str,
-    timeout: Duration,
-    since: OffsetDateTime,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    let verified_only = !store.config().trusted_hosts.is_empty();
-    loop {
-        let (mut on, mut behind, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
-        for Report {
-            report: r,
-            verified,
-        } in reports(store).await?
-        {
-            let host = bounded(&r.host);
-            if verified_only && !verified {
-                ignored.push(host);
-                continue;
-            }
-            let fresh = OffsetDateTime::parse(&r.reported_at, &Rfc3339).is_ok_and(|at| at >= since);
-            for h in r.handlers.iter().filter(|h| h.name == handler) {
-                match &h.refused {
-                    _ if fresh && h.digest == digest => on.push(host.clone()),
-                    Some((d, reason)) if fresh && d == digest => {
-                        behind.push(format!("{host} (refused it: {})", escaped(reason, 400)));
-                    }
-                    _ if !fresh => behind.push(format!("{host} (no report since the deploy)")),
-                    _ => behind.push(format!("{host} (runs {})", bounded(&h.digest))),
-                }
-            }
-        }
-        if behind.is_empty() {
-            if on.is_empty() {
-                println!("no live host runs `{handler}`");
-            } else {
-                println!("every live host runs {digest}: {}", on.join(", "));
-            }
-            if !ignored.is_empty() {
-                println!(
-                    "ignored {} unverified report(s), not signed by a key of [deploy] trusted_hosts: {}",
-                    ignored.len(),
-                    ignored.join(", ")
-                );
-            }
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            anyhow::bail!(
-                "after {}, not every host runs {digest}: {}",
-                humantime::format_duration(timeout),
-                behind.join(", ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Runs `idem status`: one line per live host and handler; a host whose

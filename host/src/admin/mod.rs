@@ -11,6 +11,7 @@
 //! CLI as `idem: …`, exit code 1) when it did not do what was asked.
 
 pub mod deploy;
+pub mod deploy_wait;
 pub mod dlq;
 pub mod receipts;
 pub mod redrive;

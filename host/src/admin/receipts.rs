@@ -88,7 +88,7 @@ async fn show_on(
 pub fn unknown_name(config: &Config, config_path: &Path, name: &str) -> String {
     let names: Vec<&str> = config.handlers.iter().map(|h| h.name.as_str()).collect();
     format!(
-        "`{}` is no handler of {} (it has {}) and has nothing stored under it as an `idem replay --as` name; check the name",
+        "`{}` is no handler of {} (it has {}) and has nothing stored under it as an `idem replay --as` name; check the name or pass the config that runs it with --config",
         printable(name),
         config_path.display(),
         names.join(", ")

@@ -1,12 +1,19 @@
 //! Which version of a handler runs when a host (or `idem replay`, or
 //! `idem dlq redrive`) starts: the deployed one when the deployments bucket
 //! has a record for it the host believes ([`super::trust`]), else the
-//! config's `module`. Without `[deploy] trusted_keys`, always the config's.
+//! config's `module`. Without `[deploy] trusted_keys`, always the config's;
+//! and for a handler with `watch = true`, whose module file is its one
+//! source of versions ([`super::watch`]: a file and the bucket followed
+//! together would take turns), always the file.
 
 use super::follow::{Followed, NO_TRUSTED_KEYS, apply, apply_believed};
 use super::store::DeployStore;
 use crate::config::{Config, HandlerConfig};
 use crate::handler::PreparedHandler;
+
+/// What a host with trusted deploy keys says at start of a handler with
+/// `watch = true`.
+pub const WATCHED_NOT_FOLLOWED: &str = "`watch = true`: this handler runs its module file and does not follow `idem deploy` (a file and the deployments bucket would take turns); remove `watch` to follow deployments";
 
 /// At start, puts `handler`'s deployed version in place when the
 /// deployments bucket has one (else it keeps the config's `module`).
@@ -18,6 +25,10 @@ use crate::handler::PreparedHandler;
 /// tries the record again later ([`super::follow::RETRY_REFUSED`]).
 pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &PreparedHandler) {
     if store.trust().is_empty() {
+        return;
+    }
+    if cfg.watch {
+        tracing::warn!(handler = %cfg.name, module = %cfg.module.display(), "{WATCHED_NOT_FOLLOWED}");
         return;
     }
     let current = match store.current(&cfg.name).await {
@@ -98,6 +109,10 @@ pub async fn use_deployed_via_broker(
     }
     if config.deploy.trusted_keys.is_empty() {
         tracing::warn!("{NO_TRUSTED_KEYS}");
+        return Ok(());
+    }
+    if cfg.watch {
+        tracing::warn!(handler = %cfg.name, module = %cfg.module.display(), "{WATCHED_NOT_FOLLOWED}");
         return Ok(());
     }
     let store = async {

@@ -88,6 +88,7 @@ pub async fn apply(
     match judged {
         Ok(deployment) => apply_believed(store, handler, current.revision, &deployment).await,
         Err(refused) => {
+            handler.slot.saw_revision(current.revision);
             let digest = match &current.deployment {
                 Ok(d) => d.digest.clone(),
                 Err(_) => format!("revision {}", current.revision),
@@ -105,12 +106,25 @@ pub async fn apply(
 }
 
 /// Puts `deployment` (the record at `revision`, believed) in place when it
-/// is not what the handler runs (or last refused).
+/// is not what the handler runs (or last refused). Whatever the outcome,
+/// the slot then notes `revision` as seen
+/// ([`ComponentSlot::saw_revision`]): its report answers that record.
 ///
 /// # Errors
 /// One line: the component cannot be fetched or does not load; the
 /// refusal is remembered in the slot and counted.
 pub async fn apply_believed(
+    store: &DeployStore,
+    handler: &Followed,
+    revision: u64,
+    deployment: &Deployment,
+) -> Result<Installed, String> {
+    let outcome = put_in_place(store, handler, revision, deployment).await;
+    handler.slot.saw_revision(revision);
+    outcome
+}
+
+async fn put_in_place(
     store: &DeployStore,
     handler: &Followed,
     revision: u64,
@@ -157,7 +171,7 @@ pub async fn apply_believed(
         Ok(installed) => {
             store.trust().running_now(&handler.name, revision);
             if let Installed::Swapped { .. } = &installed {
-                tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = ?deployment.note, by = ?deployment.by, "deployed version in place");
+                tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");
             }
             Ok(installed)
         }

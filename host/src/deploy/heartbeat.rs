@@ -1,6 +1,7 @@
 //! Each running host reports what it runs to the hosts bucket every
 //! [`INTERVAL`]: per handler the digest in place, the version it refused
-//! (if any), deliveries in flight and its counters. The bucket's entries
+//! (if any), the latest deployment revision it acted on, deliveries in
+//! flight and its counters. The bucket's entries
 //! expire after [`super::store::HOST_REPORT_TTL`], so a host that stops
 //! reporting (killed, partitioned) drops out of `idem status` by itself;
 //! a host that stops cleanly deletes its entry.
@@ -103,6 +104,18 @@ pub struct HandlerReport {
     pub duplicates: u64,
     /// Dead letters written since the host started.
     pub dead_lettered: u64,
+    /// The latest deployments-bucket revision for this handler the host
+    /// has acted on (put in place, found in place or refused): the digest
+    /// and refusal above answer that record. `idem deploy --wait` compares
+    /// it to the revision it wrote, so no clock is compared across
+    /// machines. Absent before the first record, and from hosts that do
+    /// not follow deployments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_revision: Option<u64>,
+    /// The handler has `watch = true`: it runs its module file and does
+    /// not follow deployments.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watched: bool,
 }
 
 /// What the heartbeat reads for one handler.
@@ -113,6 +126,9 @@ pub struct Reported {
     pub slot: Arc<ComponentSlot>,
     /// Its counters.
     pub stats: Arc<HandlerStats>,
+    /// Whether it has `watch = true` (runs its module file, follows no
+    /// deployments).
+    pub watched: bool,
 }
 
 /// This process's id in the hosts bucket: `<hostname>-<pid>`, with every
@@ -158,6 +174,9 @@ pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport
             .iter()
             .map(|h| {
                 let s = h.stats.snapshot();
+                // Before the digest: what is read then answers this
+                // revision at least.
+                let seen_revision = h.slot.seen_revision();
                 HandlerReport {
                     name: h.name.clone(),
                     digest: h.slot.current().digest().to_owned(),
@@ -166,6 +185,8 @@ pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport
                     processed: s.processed,
                     duplicates: s.duplicates,
                     dead_lettered: s.dead_lettered,
+                    seen_revision,
+                    watched: h.watched,
                 }
             })
             .collect(),
@@ -233,6 +254,8 @@ mod tests {
                 processed: 7,
                 duplicates: 0,
                 dead_lettered: 0,
+                seen_revision: Some(3),
+                watched: false,
             }],
             signer: String::new(),
             signature: String::new(),
@@ -254,6 +277,12 @@ mod tests {
         let mut edited = r.clone();
         edited.handlers[0].digest = "b".repeat(64);
         assert!(!edited.verified("a-1", &trusted));
+        let mut edited = r.clone();
+        edited.handlers[0].seen_revision = Some(4);
+        assert!(
+            !edited.verified("a-1", &trusted),
+            "the seen revision is signed"
+        );
         let mut theirs = report("a-1");
         theirs.sign(&other).unwrap();
         assert!(!theirs.verified("a-1", &trusted));

@@ -9,6 +9,15 @@
 //! event later, loads. A slow poll of the file's size and modification
 //! time ([`POLL`]) backs the watch on file systems that send no events
 //! (NFS, some container mounts).
+//!
+//! An event is a hint, not a change: inotify also reports the file being
+//! opened, by this host's own read among others, so the file is read only
+//! when its stamp (size, modification and change times, inode) differs
+//! from the one it had when it was last read. A read never causes the
+//! next.
+//!
+//! A handler with `watch = true` is not followed through the deployments
+//! bucket ([`super::at_start`]): its file is its one source of versions.
 
 use crate::component_slot::ComponentSlot;
 use crate::runtime::{LoadOptions, Runtime};
@@ -16,7 +25,7 @@ use notify_debouncer_mini::notify::RecursiveMode;
 use notify_debouncer_mini::{DebounceEventResult, new_debouncer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How long the file must be still before it is read.
@@ -60,20 +69,23 @@ pub fn spawn(
     Ok(tokio::spawn(async move {
         // Dropping the debouncer ends the watch: keep it for the task's life.
         let _debouncer = debouncer;
-        let mut seen = stamp(&module);
+        // The first poll tick is at once: a file changed between the
+        // host's load and this task's start is read then (an unchanged one
+        // hashes to the digest in place and changes nothing).
+        let mut seen = None;
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 event = events.recv() => if event.is_none() { return },
-                _ = poll.tick() => {
-                    if stamp(&module) == seen {
-                        continue;
-                    }
-                }
+                _ = poll.tick() => {}
             }
-            seen = stamp(&module);
+            let now = stamp(&module);
+            if now.is_none() || now == seen {
+                continue;
+            }
+            seen = now;
             let bytes = match tokio::fs::read(&module).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
@@ -87,8 +99,21 @@ pub fn spawn(
     }))
 }
 
-/// The file's size and modification time, when it can be read.
-fn stamp(path: &Path) -> Option<(u64, SystemTime)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.len(), meta.modified().ok()?))
+/// What tells one content of the file from the next without reading it:
+/// size, modification and status-change times (nanoseconds) and inode (a
+/// file renamed over it is another inode, even with the old times kept by
+/// `cp -p`). `None` when the file cannot be read now.
+type Stamp = (u64, i64, i64, i64, i64, u64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some((
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+        m.ino(),
+    ))
 }
