@@ -19,12 +19,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use anyhow::Result;
-use common::nats::{Nats, guests_dir, root};
 use idem::config::Config;
 use idem::service::{Host, RunMode};
+use idem_test_support::{Nats, guests_dir, root};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -92,7 +90,7 @@ fn ms(d: Duration) -> String {
 }
 
 async fn bench() -> Result<()> {
-    let nats = Nats::start()?;
+    let nats = Nats::start();
     println!(
         "| component | KiB | start, cold cache | start, warm cache (median of {WARM_RUNS}) | cold ÷ warm |"
     );

@@ -63,8 +63,9 @@ use idem::runtime::{
 };
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, Receipt, SqlValue, Tx};
+use idem_test_support::guests_dir;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -139,13 +140,6 @@ struct DbRun {
     label: &'static str,
     /// Per subject: receipt only, native, then the loaded components in order.
     cells: Vec<Cell>,
-}
-
-fn guests_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-        .join("guests")
 }
 
 #[tokio::main]
@@ -313,7 +307,8 @@ async fn bench_postgres(
         .await
         .context("CREATE DATABASE")?;
     let result = async {
-        let db = Database::connect(&common::with_database(admin_url, name), 2).await?;
+        let db =
+            Database::connect(&idem_test_support::pg_url_with_database(admin_url, name), 2).await?;
         let run = bench_db(runtime, &db, "PostgreSQL", workers).await;
         db.close().await;
         run

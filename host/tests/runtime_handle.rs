@@ -4,8 +4,7 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-use common::guest;
+use idem_test_support::guest;
 
 use idem::runtime::{
     GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, LoadOptions, Runtime,
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runtime starts"));
 static BEHAVE: LazyLock<Arc<HandlerComponent>> = LazyLock::new(|| {
     RUNTIME
-        .load(&guest("behave.wasm"), LoadOptions::default())
+        .load(&guest("behave"), LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"))
 });
 

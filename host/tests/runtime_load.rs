@@ -4,8 +4,7 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-use common::built;
+use idem_test_support::built;
 
 use idem::runtime::{LoadError, LoadOptions, Runtime};
 use sha2::{Digest, Sha256};

@@ -8,8 +8,7 @@
 //! Needs the guests built: `scripts/build-guests.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-use common::guest;
+use idem_test_support::guest;
 
 use idem::runtime::{
     GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, LoadOptions, Runtime,
@@ -29,7 +28,7 @@ const WASI: LoadOptions = LoadOptions { wasi: true };
 
 static PROBE: LazyLock<Arc<HandlerComponent>> = LazyLock::new(|| {
     RUNTIME
-        .load(&guest("wasi-probe.wasm"), WASI)
+        .load(&guest("wasi-probe"), WASI)
         .unwrap_or_else(|e| panic!("{e}"))
 });
 
@@ -217,7 +216,7 @@ fn lines(buf: &Mutex<Vec<u8>>) -> Vec<String> {
 #[tokio::test]
 async fn credit_built_for_wasip2_commits_with_wasi() {
     let credit = RUNTIME
-        .load(&guest("credit-wasip2.wasm"), WASI)
+        .load(&guest("credit-wasip2"), WASI)
         .unwrap_or_else(|e| panic!("{e}"));
     let db = db().await;
     let events = [

@@ -15,7 +15,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{pg_url, raw};
+use common::raw;
+use idem_test_support::pg_url;
 
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DbErrorKind, DbKind, StatementError, Tx};

@@ -2,7 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{pg_url, raw, unique};
+use common::raw;
+use idem_test_support::{pg_url, unique};
 
 use idem::store::{Database, migrations_table};
 use std::path::Path;

@@ -3,7 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{pg_url, raw, unique};
+use common::raw;
+use idem_test_support::{pg_url, unique};
 
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DeadLetter, Receipt, SqlValue};

@@ -4,8 +4,7 @@
 //! meets PostgreSQL's permission check, seen by the guest as `denied`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-use common::pg_url;
+use idem_test_support::pg_url;
 
 use idem::sql_guard::SqlGuard;
 use idem::store::{Database, DbError, DbErrorKind, Receipt, SqlValue, StatementError};

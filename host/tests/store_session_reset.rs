@@ -5,8 +5,7 @@
 //! decides whether handler roles are a boundary, is read correctly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-use common::pg_url;
+use idem_test_support::pg_url;
 
 use idem::store::Database;
 

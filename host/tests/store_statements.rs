@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{pg_url, pg_url_as, raw, unique};
+use common::raw;
+use idem_test_support::{pg_url, pg_url_as, unique};
 
 use idem::sql_guard::{CheckedSql, SqlGuard};
 use idem::store::{

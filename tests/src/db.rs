@@ -1,7 +1,8 @@
 //! A fresh database per test: a PostgreSQL database created from the admin
-//! URL `IDEM_TEST_PG` and dropped afterwards, or a SQLite file in a
+//! URL `IDEM_TEST_PG` ([`pg_url`]) and dropped afterwards, or a SQLite file in a
 //! temporary directory; and the reads tests assert on.
 
+use idem_test_support::{pg_url, pg_url_with_database, unique};
 use sqlx::Row;
 use std::process::{Command, Stdio};
 
@@ -20,17 +21,6 @@ pub struct TestDb {
     pub(crate) _dir: tempfile::TempDir,
 }
 
-/// The admin URL: `IDEM_TEST_PG`, default
-/// `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`. Plain TCP by
-/// default: sqlx 0.9.0 does not set TCP_NODELAY, so every new TLS
-/// connection waits out delayed ACKs (about 90 ms here), which the tests
-/// that terminate sessions in a loop would spend their time on; TLS has its
-/// own test (`secure_connections.rs`, a TLS-only cluster).
-fn pg_admin() -> String {
-    std::env::var("IDEM_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?sslmode=disable".into())
-}
-
 impl TestDb {
     pub async fn new(backend: Backend) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -43,29 +33,14 @@ impl TestDb {
             },
             Backend::Postgres => {
                 use sqlx::Connection;
-                let name = format!(
-                    "idem_t_{}_{}",
-                    std::process::id(),
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap()
-                        .as_nanos()
-                );
-                let mut c = sqlx::PgConnection::connect(&pg_admin()).await.unwrap();
+                let name = unique("idem_t");
+                let mut c = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut c)
                     .await
                     .unwrap();
-                let admin = pg_admin();
-                let (base, query) = admin.split_once('?').unwrap_or((&admin, ""));
-                let (prefix, _) = base.rsplit_once('/').unwrap();
-                let query = if query.is_empty() {
-                    String::new()
-                } else {
-                    format!("?{query}")
-                };
                 TestDb {
-                    url: format!("{prefix}/{name}{query}"),
+                    url: pg_url_with_database(&pg_url(), &name),
                     backend,
                     pg_name: Some(name),
                     _dir: dir,
@@ -200,7 +175,7 @@ impl Drop for TestDb {
         if let Some(name) = self.pg_name.take() {
             let _ = Command::new("psql")
                 .args([
-                    &pg_admin(),
+                    &pg_url(),
                     "-q",
                     "-c",
                     &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),

@@ -1,11 +1,13 @@
-//! Test harness for idem's integration tests: a private `nats-server` per test
-//! (free loopback port, temporary store), a fresh PostgreSQL database or SQLite
-//! file per test, config files, and an in-process host.
+//! Test harness for idem's integration tests: a private `nats-server` per
+//! test, a fresh PostgreSQL database or SQLite file per test, config files,
+//! and an in-process host. What is not tied to idem (paths, the PostgreSQL
+//! URL, the nats-server, running a CLI) comes from `idem-test-support`,
+//! shared with `host/tests` and `host/benches`, and is re-exported here.
 //!
 //! Environment: `IDEM_NATS_SERVER` (default `.tools/venv/bin/nats-server`, put
 //! there by `scripts/setup.sh`), `IDEM_TEST_PG` (default
 //! `postgres://postgres@127.0.0.1:5432/test?sslmode=disable`: the admin URL used to create and
-//! drop one database per test).
+//! drop one database per test; [`pg_url`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod arena;
@@ -15,46 +17,25 @@ mod db;
 pub mod deploy_keys;
 pub mod examples;
 mod host;
-mod nats;
 pub mod nats_jwt;
 pub mod pg_cluster;
+mod streams;
 pub mod tls;
 
 pub use arena::*;
 pub use db::*;
 pub use host::*;
-pub use nats::*;
+pub use idem_test_support::{
+    Nats, built, free_port, guest, nats_server_bin, pg_url, root, target_dir, unique,
+};
+pub use streams::*;
 
 use std::path::{Path, PathBuf};
-
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Cargo's target directory: `CARGO_TARGET_DIR` when set (as
-/// `scripts/build-guests.sh` reads it), else `target/` in the workspace.
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-}
 
 /// The Rust guests of `tests/guests.txt` as `build.rs` reads them: the
 /// constant `GUESTS` and the macro [`foreach_guest!`].
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
-}
-
-/// Path of a built guest component, `<target>/guests/NAME.wasm`.
-pub fn guest(name: &str) -> PathBuf {
-    let p = target_dir().join("guests").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `bash scripts/build-guests.sh` first (scripts/test.sh does)",
-        p.display()
-    );
-    p
 }
 
 /// Runs wasm-tools (`$WASM_TOOLS`, default `.tools/venv/bin/wasm-tools`,
@@ -79,16 +60,7 @@ pub fn wasm_tools(args: &[&std::ffi::OsStr]) -> Vec<u8> {
 /// The idem CLI with test-only fault points (`tests/src/bin/idem-test-host.rs`),
 /// built by cargo beside the test binaries.
 pub fn test_host() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/debug/deps/<test> -> target/debug/idem-test-host
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    let host = dir.join("idem-test-host");
-    assert!(
-        host.exists(),
-        "{} is missing: cargo builds it with the tests",
-        host.display()
-    );
-    host
+    idem_test_support::binary_beside_tests("idem-test-host")
 }
 
 /// Runs the idem CLI ([`test_host`]) with `args` and `env` to its end:
@@ -97,23 +69,7 @@ pub fn test_host() -> PathBuf {
 /// runner has are removed first. Logging is off (`RUST_LOG=off`), so
 /// stderr holds only what the CLI prints itself (its one-line errors).
 pub fn idem_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = std::process::Command::new(test_host());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("IDEM_") || k == "CREDENTIALS_DIRECTORY" {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "off")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    idem_test_support::run_cli(&test_host(), args, env)
 }
 
 /// The `batch` line every handler a test config writes gets when

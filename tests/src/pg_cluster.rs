@@ -32,7 +32,7 @@
 //! other user, everything runs as that user.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::nats::free_port;
+use crate::free_port;
 use crate::{Backend, TestDb};
 use std::os::unix::fs::MetadataExt as _;
 use std::os::unix::process::CommandExt as _;

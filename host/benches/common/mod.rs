@@ -1,10 +1,9 @@
-//! What the benches share: medians of samples in nanoseconds, their
+//! What the benches share besides `idem-test-support` (paths, the private
+//! nats-server, PostgreSQL URLs): medians of samples in nanoseconds, their
 //! printing, and setting up their tables.
 
 // Each bench uses a part of what is here.
 #![allow(dead_code)]
-
-pub mod nats;
 
 use idem::store::Database;
 use std::time::Instant;
@@ -57,18 +56,4 @@ pub async fn run_sql(
         }
     }
     Ok(())
-}
-
-/// `url` with its database name replaced by `name` (query kept).
-pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, format!("?{q}")),
-        None => (url, String::new()),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let host_part = match base[authority_start..].find('/') {
-        Some(i) => &base[..authority_start + i],
-        None => base,
-    };
-    format!("{host_part}/{name}{query}")
 }

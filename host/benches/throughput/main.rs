@@ -65,12 +65,12 @@ mod rows;
 
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::{self, consumer::pull};
-use common::nats::{Nats, guests_dir, root};
 use fleet::{fleet, fleet_member};
 use futures::StreamExt as _;
 use idem::config::Config;
 use idem::service::{Host, RunMode};
 use idem::store::Database;
+use idem_test_support::{Nats, guests_dir, root};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use rows::{RowDb, broker, database, host, peak_rss_mib, start_host, stream_with, total_balance};
 use serde::{Deserialize, Serialize};
@@ -279,7 +279,7 @@ impl Table {
 }
 
 async fn bench() -> Result<()> {
-    let nats = Nats::start()?;
+    let nats = Nats::start();
     let pg = std::env::var("IDEM_BENCH_PG_URL").unwrap_or_else(|_| PG_URL_DEFAULT.into());
     let pg_admin = match Database::connect(&pg, 1).await {
         Ok(db) => {

@@ -31,7 +31,7 @@ impl RowDb {
                     .context("CREATE DATABASE")?;
                 a.close().await;
                 Ok(RowDb {
-                    url: common::with_database(&admin, &name),
+                    url: idem_test_support::pg_url_with_database(&admin, &name),
                     _dir: dir,
                     pg: Some((admin, name)),
                 })

