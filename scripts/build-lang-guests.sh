@@ -10,7 +10,7 @@
 #                                                     examples/<strategy>-js, QuickJS (scripts/build-js.sh)
 #   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
 # None imports WASI: each runs with the default `wasi = false`.
-# Prints each language's build time of the credit handler (the README's
+# Prints each language's build time of the credit handler (docs/handlers.md's
 # build-time column), then the JavaScript strategy examples' own.
 # Usage: bash scripts/build-lang-guests.sh [python] [js] [c]   (none: all three)
 set -euo pipefail

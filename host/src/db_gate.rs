@@ -4,7 +4,7 @@
 //! ([`StoreError::class`]); how the database is asked is too
 //! ([`Database::probe`]).
 //!
-//! The rule (README, "Failures"): an unreachable database is not the
+//! The rule (docs/semantics.md, "Failures"): an unreachable database is not the
 //! message's fault, so it must not spend the message's JetStream deliveries
 //! (`max_deliver`) nor end in a dead letter. The handler that hit it holds
 //! its message (in-progress acks keep it ours), every handler stops fetching,

@@ -3,7 +3,7 @@
 //! redelivery; when it is missing the message is dead-lettered, never given
 //! an invented one.
 //!
-//! The rule (README, "How it works"): the identity is text compared byte for
+//! The rule (docs/semantics.md, "The protocol"): the identity is text compared byte for
 //! byte. A header's value loses the spaces and tabs around it (optional
 //! whitespace is not part of an HTTP-style field value, RFC 9110 §5.5); a
 //! JSON string is taken exactly; a JSON integer becomes its decimal digits,

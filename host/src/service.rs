@@ -153,7 +153,7 @@ async fn warn_if_superuser(db: &Database) {
     if let Ok(Some((user, true))) = db.session_user().await {
         tracing::warn!(
             user = %user,
-            "idem connects to PostgreSQL as superuser `{user}`: handler roles are not a boundary for a superuser session, only the SQL guard is; connect as a non-superuser that owns idem's tables and may create roles (README: What a handler can and cannot do)"
+            "idem connects to PostgreSQL as superuser `{user}`: handler roles are not a boundary for a superuser session, only the SQL guard is; connect as a non-superuser that owns idem's tables and may create roles (docs/handlers.md: The PostgreSQL role)"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The broker's own permissions as the first wall, against a real
 //! nats-server whose users get exactly the permission sets of
-//! `deploy/nats-permissions.conf` (the file README's "Broker permissions"
-//! documents, included as it is): a host (`idem run` as user `host`)
+//! `deploy/nats-permissions.conf` (the file docs/deploying.md's "Broker
+//! permissions" documents, included as it is): a host (`idem run` as user `host`)
 //! processes messages and reports itself, a deployer (`idem deploy`, `idem
 //! status` as user `deployer`) creates the buckets, stores components,
 //! records deployments the host follows, and replaces a damaged component;
@@ -9,7 +9,7 @@
 //! permissions violation and changes nothing: a publisher (a plain NATS
 //! client) cannot write any bucket, delete the consumer or the stream, or
 //! read idem's replies; a host cannot create the buckets or deploy. And
-//! README shows the sets as the file has them.
+//! docs/deploying.md shows the sets as the file has them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use async_nats::jetstream;
@@ -439,17 +439,17 @@ async fn each_role_does_its_job_and_nothing_else() {
     assert_eq!(state.modules, sorted);
 }
 
-/// README's "Broker permissions" shows the sets exactly as the file the
-/// other test runs idem under has them.
+/// docs/deploying.md's "Broker permissions" shows the sets exactly as the
+/// file the other test runs idem under has them.
 #[test]
-fn the_readme_shows_the_permission_file_as_it_is() {
+fn the_docs_show_the_permission_file_as_it_is() {
     let file = std::fs::read_to_string(root().join("deploy/nats-permissions.conf")).unwrap();
     let sets = &file[file.find("IDEM_HOST = {").unwrap()..];
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let docs = std::fs::read_to_string(root().join("docs/deploying.md")).unwrap();
     assert!(
-        readme.contains(&format!(
+        docs.contains(&format!(
             "The sets, as the file has them:\n\n```\n{sets}```\n"
         )),
-        "README's \"Broker permissions\" differs from deploy/nats-permissions.conf: copy the file's sets into it"
+        "docs/deploying.md's \"Broker permissions\" differs from deploy/nats-permissions.conf: copy the file's sets into it"
     );
 }

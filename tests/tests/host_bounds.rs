@@ -3,7 +3,7 @@
 //!
 //! - guest memory: a guest that touches 60 of its 64 MiB on each of 2,000
 //!   messages, concurrency 1, keeps the host's peak resident memory within
-//!   README's formula (the host's own, plus `concurrency × max_memory_mib`
+//!   docs/handlers.md's formula (the host's own, plus `concurrency × max_memory_mib`
 //!   for the instances running, plus at most 256 MiB of freed memories
 //!   waiting for their reset);
 //! - compiling: a component of 200,000 trivial functions is refused
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 /// The most bytes of freed guest memory the pooling allocator keeps
-/// resident before resetting it (README, "Handler limits").
+/// resident before resetting it (docs/handlers.md, "What a handler can and cannot do").
 const DECOMMIT_BUDGET: u64 = 256 * MIB;
 
 /// What the host itself may add while it runs messages (buffers, SQLite's

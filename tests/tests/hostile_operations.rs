@@ -312,7 +312,7 @@ async fn sigterm_while_postgres_is_down_exits_promptly_and_acks_nothing() {
 // ------------------------------------------------------------------------
 // SQLite, one file, a slow handler with `concurrency = 24` (each message
 // holds the write lock up to its 1 s deadline) next to a well-behaved
-// credit handler. README: "other handlers on the same SQLite file wait
+// credit handler. docs/handlers.md: "other handlers on the same SQLite file wait
 // (their lock wait is sized past the longest deadline, so they wait rather
 // than fail)". `lock_wait` is 2 × the longest deadline/statement timeout
 // + 5 s = 9 s, but with 24 lock holders queued a BEGIN IMMEDIATE can wait

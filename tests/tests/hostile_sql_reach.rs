@@ -5,8 +5,8 @@
 //! message has credited [`Arena::VICTIM`]: a refusal must roll that credit
 //! back too. Every refusal is asserted by its exact dead-letter reason
 //! ([`Arena::refused`]); the tables of [`Arena::SQL_SETUP`] must be intact.
-//! Each database judges by its own grammar (README, "What a handler can and
-//! cannot do"): a statement only the other database knows is refused as a
+//! Each database judges by its own grammar (docs/handlers.md, "What a handler
+//! can and cannot do"): a statement only the other database knows is refused as a
 //! syntax error, and on SQLite a name that is no table is SQLite's own
 //! compile error.
 //! How statements are built and what they cost: `hostile_sql_shape.rs`.

@@ -288,7 +288,7 @@ on_both_databases!(
     nak_delay_follows_the_backoff_list
 );
 
-/// The identity rule (README, "How it works"), both sides, end to end: a JSON
+/// The identity rule (docs/semantics.md, "The protocol"), both sides, end to end: a JSON
 /// integer and the string of its digits are one message; a JSON string is
 /// exact (a leading space makes another message); a header value loses the
 /// whitespace around it.

@@ -1,4 +1,4 @@
-//! README's recommended PostgreSQL set-up, end to end: idem connects as a
+//! docs/handlers.md's recommended PostgreSQL set-up, end to end: idem connects as a
 //! non-superuser that owns the database and may create roles. It creates the
 //! host tables, applies the handler's migrations, sets up the handler's role
 //! (privileges on the granted tables only) and processes exactly once; it is
@@ -8,7 +8,7 @@
 use idem_tests::*;
 use sqlx::Connection as _;
 
-/// The login README recommends (`CREATE ROLE idem LOGIN CREATEROLE`), under
+/// The login docs/handlers.md recommends (`CREATE ROLE idem LOGIN CREATEROLE`), under
 /// a name of its own; roles are cluster-wide, so it is created once and kept.
 const USER: &str = "idem_recommended";
 

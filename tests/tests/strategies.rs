@@ -1,4 +1,4 @@
-//! One example handler per idempotency strategy of README's "Idempotency strategies", each
+//! One example handler per idempotency strategy of docs/strategies.md, each
 //! with its own tables and migrations under `examples/`, run through idem on
 //! PostgreSQL and SQLite against a private nats-server.
 //!

@@ -47,7 +47,7 @@ fn sixteen(rng: &mut ChaCha20Rng) -> String {
 }
 
 /// What the guest must record for `message_id` published at `published_ns`
-/// (README, "What a handler can and cannot do"): the publish time to the
+/// (docs/handlers.md, "What a handler can and cannot do"): the publish time to the
 /// millisecond; ChaCha20 keyed with SHA-256(consumer, 0, message id),
 /// stream 0 for `random`, 1 for `insecure`, and stream 2's first two words
 /// pairs (`u64`s, low first) for the insecure seed.

@@ -1,12 +1,12 @@
 //! `[deploy]`: the buckets of hot deploy, and the keys whose signatures a
-//! host believes (README, "Deploying handlers").
+//! host believes (docs/deploying.md).
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// `[deploy]`: where `idem deploy` puts new handler versions and the hosts
 /// find them (JetStream buckets on the broker of `[broker]`), and whose
-/// signatures the hosts believe (README, "Deploying handlers").
+/// signatures the hosts believe (docs/deploying.md).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeployConfig {

@@ -68,7 +68,7 @@ impl RuntimeOptions {
 pub const DECOMMIT_BUDGET_BYTES: usize = 256 << 20;
 
 /// The largest decommit batch: past 32, one reset per batch saves nothing
-/// measurable (README, "Throughput").
+/// measurable (docs/benchmarks.md, "Throughput").
 pub const MAX_DECOMMIT_BATCH: usize = 32;
 
 /// How many queues wasmtime's pooling allocator keeps freed instances in

@@ -119,8 +119,8 @@ on_both_databases!(corpus, run_corpus);
 /// `max_result_kib` once it has arrived (before decoding it): one 900 MB
 /// value (under PostgreSQL's 1 GB field limit, built by allowed `replace`
 /// calls) is refused, the host's peak memory stays within twice
-/// PostgreSQL's limit (the driver's read buffer, README "What a handler can
-/// and cannot do"), and its resident memory comes back down (the
+/// PostgreSQL's limit (the driver's read buffer, docs/handlers.md "What a
+/// handler can and cannot do"), and its resident memory comes back down (the
 /// connection's buffer is given back). Its own host, so the peak is this
 /// message's, with a deadline long enough for PostgreSQL to build the value
 /// on a busy machine (on an idle one, a 400 MB value arrives within the
