@@ -11,33 +11,21 @@
 pub mod admin;
 pub mod backoff;
 pub mod broker;
-pub mod broker_clock;
-pub mod broker_config;
 pub mod cli;
-pub mod component_slot;
 pub mod config;
-pub mod db_gate;
 pub mod deploy;
-pub mod fault;
-pub mod handler;
-pub mod handler_info;
-pub mod http;
 pub mod log_format;
-pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
 pub mod progress;
 pub mod publish;
+pub mod retention;
 pub mod runtime;
 pub mod secret;
 pub mod service;
-pub mod shutdown;
 pub mod sql_guard;
 pub mod sql_value;
-pub mod start;
 pub mod store;
-pub mod systemd;
-pub mod verdict;
 
 /// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's
 /// connection chatter at `warn`, and PostgreSQL's notices (sqlx logs a

@@ -199,7 +199,7 @@ impl Deliveries {
 
     /// Opens the pull stream (the server starts sending messages) unless it
     /// is open. Called once before the first [`Deliveries::next`], so that a
-    /// handler counts as consuming (`READY=1`, see [`crate::systemd`]) only
+    /// handler counts as consuming (`READY=1`, see [`crate::service::systemd`]) only
     /// once its pull request is out; an error here is left for `next` to
     /// retry and report.
     ///

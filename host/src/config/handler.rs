@@ -2,7 +2,7 @@
 //! may write and its limits. Parsing and the values derived from it; the
 //! checks across fields are [`super::Config::validate`].
 
-use crate::start::StartPosition;
+use crate::config::start::StartPosition;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;

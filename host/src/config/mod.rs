@@ -27,6 +27,7 @@ pub mod database_url;
 mod deploy;
 mod handler;
 pub mod sources;
+pub mod start;
 
 pub use broker::{BrokerAuth, BrokerConfig};
 pub use deploy::DeployConfig;
@@ -448,7 +449,7 @@ impl Config {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::start::StartPosition;
+    use crate::config::start::StartPosition;
 
     fn parse(s: &str) -> Result<Config, String> {
         let c: Config = toml::from_str(s).map_err(|e| e.to_string())?;

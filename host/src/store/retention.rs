@@ -12,7 +12,7 @@
 //! - SQLite has one writer anyway: [`Database::try_prune_lock`] always succeeds.
 //!
 //! The cutoff is a Unix ms on the broker's clock, the clock `published_ms`
-//! was stamped on; the caller computes it ([`crate::broker_clock::prune_cutoff`]).
+//! was stamped on; the caller computes it ([`crate::broker::clock::prune_cutoff`]).
 //! Neither this host's clock nor the database's takes part.
 
 use super::{Backend, Database, StoreError, dispatch, postgres, sqlite};
