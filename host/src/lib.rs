@@ -2,9 +2,11 @@
 //! component handlers so that each message changes a SQL database exactly once.
 //!
 //! Data flows one way: [`broker`] → [`pipeline`] → [`store`] + [`runtime`] →
-//! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary;
-//! [`admin`] holds the operator commands on the database; [`http`] serves
-//! health, readiness and [`metrics`].
+//! [`pipeline`] → [`broker`]. [`service`] is the running host that wires them
+//! up (its [`service::http`] serves health, readiness and [`metrics`]);
+//! [`retention`] is the retention policy; [`cli`] is the binary; [`admin`]
+//! holds the operator commands on the database. ARCHITECTURE.md, "Code
+//! map", walks the folders in this order.
 
 #![deny(missing_docs)]
 

@@ -411,7 +411,7 @@ async fn consume(
     );
     let mut first = first;
     let pull = broker::PullSettings {
-        batch: pipeline.config().effective_pull_batch(),
+        size: pipeline.config().pull_size(),
         expires: broker::PULL_EXPIRES,
         heartbeat: broker::PULL_HEARTBEAT,
     };

@@ -1,4 +1,4 @@
-//! Command line: `idem run --config idem.toml` ([`run`]), `idem publish`,
+//! Command line: `idem run --config idem.toml` (`run.rs`), `idem publish`,
 //! `idem config check` ([`config`]), the operator commands `idem dlq …`
 //! ([`dlq`]), `idem receipts …` ([`receipts`]) and `idem replay`
 //! ([`replay`]) on [`crate::admin`], and `idem deploy`, `status`, `keygen`

@@ -1,11 +1,12 @@
 //! The running host: connects to broker and database, prepares tables and
-//! migrations, loads every handler's component once ([`start`]), and runs
-//! ([`run`]) one consuming loop per handler ([`consume`]) until shutdown
-//! (or, with `drain`, until nothing is left), beside its background tasks
-//! ([`tasks`]; the pruning task is [`crate::retention::prune_forever`], see
-//! [`crate::store::PruneLock`] for the one-pruner rule). [`http`] is its
-//! listener, [`systemd`] what it tells the service manager, [`shutdown`]
-//! how a consuming loop stops (ARCHITECTURE.md, "Shutdown").
+//! migrations, loads every handler's component once ([`Host::start`],
+//! `start.rs`), and runs ([`Host::run`], `run.rs`) one consuming loop per
+//! handler (`consume.rs`) until shutdown (or, with `drain`, until nothing is
+//! left), beside its background tasks (`tasks.rs`; the pruning task is
+//! [`crate::retention::prune_forever`], see [`crate::store::PruneLock`] for
+//! the one-pruner rule). [`http`] is its listener, [`systemd`] what it tells
+//! the service manager, [`shutdown`] how a consuming loop stops
+//! (ARCHITECTURE.md, "Shutdown").
 
 mod consume;
 pub mod http;

@@ -15,7 +15,7 @@ impl Host {
     /// handler is consuming ([`crate::service::systemd`]). At shutdown, fetching
     /// stops, messages fetched but not started are given back, and the
     /// deliveries in flight get `[service] shutdown_grace` to finish before
-    /// they are abandoned (rolled back, given back): [`shutdown::wind_down`].
+    /// they are abandoned (rolled back, given back): [`super::shutdown::wind_down`].
     pub async fn run(self, mode: RunMode, shutdown: CancellationToken) -> Summary {
         let stop = self.stop.clone();
         let mut tasks = Vec::new();
@@ -29,7 +29,7 @@ impl Host {
                     &self.nats,
                     h.consumer.clone(),
                     h.stream_created,
-                    h.pipeline.config().effective_pull_batch(),
+                    h.pipeline.config().pull_size(),
                     h.pipeline.config(),
                     MAX_ACK_PENDING,
                 ),

@@ -103,8 +103,8 @@ impl Host {
                 }
             };
             tracing::info!(handler = %h.name, stream = %h.stream, module = %h.module.display(), digest = %module.digest(), "handler ready");
-            if h.effective_pull_batch() != h.pull_batch {
-                tracing::info!(handler = %h.name, pull_batch = h.effective_pull_batch(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
+            if h.pull_size() != h.pull_batch {
+                tracing::info!(handler = %h.name, pull_batch = h.pull_size(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
             let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
             if let Some(store) = &deploy {
