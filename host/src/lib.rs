@@ -2,42 +2,32 @@
 //! component handlers so that each message changes a SQL database exactly once.
 //!
 //! Data flows one way: [`broker`] → [`pipeline`] → [`store`] + [`runtime`] →
-//! [`pipeline`] → [`broker`]. [`service`] wires them up; [`cli`] is the binary;
-//! [`admin`] holds the operator commands on the database; [`http`] serves
-//! health, readiness and [`metrics`].
+//! [`pipeline`] → [`broker`]. [`service`] is the running host that wires them
+//! up (its [`service::http`] serves health, readiness and [`metrics`]);
+//! [`retention`] is the retention policy; [`cli`] is the binary; [`admin`]
+//! holds the operator commands on the database. ARCHITECTURE.md, "Code
+//! map", walks the folders in this order.
 
 #![deny(missing_docs)]
 
 pub mod admin;
 pub mod backoff;
 pub mod broker;
-pub mod broker_clock;
-pub mod broker_config;
 pub mod cli;
-pub mod component_slot;
 pub mod config;
-pub mod db_gate;
 pub mod deploy;
-pub mod fault;
-pub mod handler;
-pub mod handler_info;
-pub mod http;
 pub mod log_format;
-pub mod message_id;
 pub mod metrics;
 pub mod pipeline;
 pub mod progress;
 pub mod publish;
+pub mod retention;
 pub mod runtime;
 pub mod secret;
 pub mod service;
-pub mod shutdown;
 pub mod sql_guard;
 pub mod sql_value;
-pub mod start;
 pub mod store;
-pub mod systemd;
-pub mod verdict;
 
 /// The log filter when `RUST_LOG` is unset: `info`, with the NATS client's
 /// connection chatter at `warn`, and PostgreSQL's notices (sqlx logs a

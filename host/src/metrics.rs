@@ -6,7 +6,7 @@
 //! line, the shutdown summary and the tests, and at once a counter of the
 //! `metrics` facade labelled `handler`, which the Prometheus recorder of
 //! `idem run` renders on `/metrics` ([`install_recorder`], module
-//! [`crate::http`]). Without an installed recorder (an in-process host, an
+//! [`crate::service::http`]). Without an installed recorder (an in-process host, an
 //! admin command) the facade's instruments do nothing. The instruments are
 //! registered when the handler's stats are made ([`HandlerStats::new`]), so
 //! the recorder must be installed before the host starts.
@@ -257,7 +257,7 @@ pub struct HandlerStats {
 }
 
 /// What describes a handler in its metrics (`idem_handler_info`, which
-/// names its component, is [`crate::handler_info`]'s).
+/// names its component, is [`crate::runtime::handler_info`]'s).
 #[derive(Debug, Clone, Copy)]
 pub struct HandlerIdentity<'a> {
     /// The handler's name (the `handler` label).

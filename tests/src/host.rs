@@ -1,9 +1,9 @@
 //! Config files for a test, and an in-process host running them.
 
 use crate::*;
-use idem::component_slot::ComponentSlot;
 use idem::config::Config;
 use idem::metrics::{HandlerStats, StatsSnapshot};
+use idem::runtime::component_slot::ComponentSlot;
 use idem::service::{Host, RunMode, Summary};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -51,7 +51,7 @@ async fn stream_with_consumer(nats: &Nats, n: usize, config: pull::Config) -> je
 /// a heartbeat every `heartbeat`.
 fn settings(batch: usize, expires: Duration, heartbeat: Duration) -> PullSettings {
     PullSettings {
-        batch,
+        size: batch,
         expires,
         heartbeat,
     }

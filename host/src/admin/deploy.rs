@@ -16,7 +16,6 @@
 
 use super::deploy_wait::wait_for_hosts;
 use super::handler;
-use crate::cli::ConfigArg;
 use crate::config::Config;
 use crate::deploy::Deployment;
 use crate::deploy::heartbeat::HostReport;
@@ -24,66 +23,36 @@ use crate::deploy::keys::{Role, generate, public_key, read_seed};
 use crate::deploy::record::{MAX_BY_BYTES, MAX_NOTE_BYTES, bounded, escaped};
 use crate::deploy::store::DeployStore;
 use crate::runtime::{LoadOptions, Runtime};
-use clap::{ArgGroup, Args};
 use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// `idem deploy`'s arguments.
-#[derive(Debug, Args)]
-#[command(group(ArgGroup::new("what").required(true).args(["module", "rollback", "history"])))]
-pub struct DeployArgs {
-    /// The config that runs the handler (its `[broker]` and `[deploy]`).
-    #[command(flatten)]
-    pub config: ConfigArg,
-    /// The handler to deploy to (a `[[handler]]` of the config).
+/// One `idem deploy`, as the command line asks for it
+/// (`cli/deploy.rs`).
+#[derive(Debug)]
+pub struct Request {
+    /// The config that runs the handler.
+    pub config: PathBuf,
+    /// The handler to deploy to.
     pub handler: String,
     /// The new component (.wasm).
     pub module: Option<PathBuf>,
     /// Point the handler back at the version deployed before the current one.
-    #[arg(long, conflicts_with = "module")]
     pub rollback: bool,
-    /// List the handler's deployments, oldest first.
-    #[arg(long, conflicts_with_all = ["module", "rollback", "wait"])]
+    /// List the handler's deployments.
     pub history: bool,
     /// Free text kept with the deployment.
-    #[arg(long, default_value = "")]
     pub note: String,
-    /// Return once every live host runs the new version (or fail after
-    /// `--timeout`, naming the hosts that do not).
-    #[arg(long)]
+    /// Return once every live host runs the new version.
     pub wait: bool,
-    /// How long `--wait` waits, e.g. `60s`, `2m`.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    /// How long `wait` waits.
     pub timeout: Duration,
-    /// The deploy key: a file holding its NKey seed (`SM…`, made by `idem
-    /// keygen FILE`), readable by its owner only. Its public key must be in
-    /// the config's `[deploy] trusted_keys`.
-    #[arg(long, env = "IDEM_SIGNING_KEY", value_name = "FILE")]
+    /// The deploy key's seed file.
     pub key: Option<PathBuf>,
-}
-
-/// `idem keygen`'s arguments.
-#[derive(Debug, Args)]
-pub struct KeygenArgs {
-    /// Where to write the seed (a new file, mode 0600; never overwritten).
-    pub file: PathBuf,
-    /// A host key (`SN…`, for `[deploy] host_key`) instead of a deploy key
-    /// (`SM…`, for `idem deploy --key`).
-    #[arg(long)]
-    pub host: bool,
-}
-
-/// `idem status`'s arguments.
-#[derive(Debug, Args)]
-pub struct StatusArgs {
-    /// The config whose `[broker]` and `[deploy]` are read.
-    #[command(flatten)]
-    pub config: ConfigArg,
 }
 
 /// Runs `idem deploy`.
@@ -92,8 +61,8 @@ pub struct StatusArgs {
 /// One line: the handler is not in the config, the component does not
 /// load (nothing deployed), there is nothing to roll back to, the broker
 /// refused, another deploy came first, or `--wait` timed out.
-pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
-    let path = &args.config.config;
+pub async fn run(args: Request) -> anyhow::Result<()> {
+    let path = &args.config;
     let config = Config::load(path)?;
     let h = handler(&config, path, &args.handler)?.clone();
     // The key first: a deploy that cannot be signed contacts nothing.
@@ -253,9 +222,9 @@ fn sign(key: &nkeys::KeyPair, handler: &str, d: &mut Deployment) -> anyhow::Resu
 ///
 /// # Errors
 /// One line: the file exists or cannot be written.
-pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
-    let role = if args.host { Role::Host } else { Role::Deploy };
-    let public = generate(&args.file, role).map_err(|e| anyhow::anyhow!("{e}"))?;
+pub fn keygen(file: &Path, host: bool) -> anyhow::Result<()> {
+    let role = if host { Role::Host } else { Role::Deploy };
+    let public = generate(file, role).map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("{public}");
     Ok(())
 }
@@ -378,8 +347,8 @@ pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> 
 ///
 /// # Errors
 /// The broker cannot be reached or the buckets cannot be opened.
-pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let config = Config::load(&args.config.config)?;
+pub async fn status(config: &Path) -> anyhow::Result<()> {
+    let config = Config::load(config)?;
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
     let reports = reports(&store).await?;

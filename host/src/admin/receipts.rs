@@ -2,10 +2,10 @@
 //! pruning pass now, or forget receipts for a deliberate reprocess.
 
 use super::{count, printable, time};
-use crate::broker_clock::{self, BrokerClock};
+use crate::broker::clock::{self, BrokerClock};
 use crate::config::{Config, HandlerConfig};
 use crate::progress::{Progress, Unit};
-use crate::service::PRUNE_BATCH;
+use crate::retention::{PRUNE_CHUNK, prune_cutoff};
 use crate::store::{Database, PrunePass, ReceiptRow, ReceiptSummary};
 use anyhow::Context as _;
 use std::path::Path;
@@ -130,7 +130,7 @@ pub fn receipt_text(r: &ReceiptRow) -> String {
 }
 
 /// `idem receipts prune [--handler NAME]`: one pruning pass now, as the
-/// host's pruning task runs it (batches of [`PRUNE_BATCH`], under the prune
+/// host's pruning task runs it (batches of [`PRUNE_CHUNK`], under the prune
 /// lock, against the broker's clock read from each handler's stream), over
 /// every configured handler or one. Another host holding the lock is an
 /// error (nothing pruned; it is pruning now, run again later); so is a
@@ -156,7 +156,7 @@ async fn prune_on(
     let broker = crate::broker::connect(&config.broker).await?;
     let mut targets: Vec<(&str, i64)> = Vec::with_capacity(handlers.len());
     for h in &handlers {
-        let (broker_ms, at) = broker_clock::read(&broker.js, &h.stream)
+        let (broker_ms, at) = clock::read(&broker.js, &h.stream)
             .await
             .with_context(|| {
                 format!(
@@ -165,13 +165,13 @@ async fn prune_on(
                 )
             })?;
         let now_ms = BrokerClock::new(broker_ms, at).now_ms();
-        targets.push((&h.name, broker_clock::prune_cutoff(now_ms, h.retention)));
+        targets.push((&h.name, prune_cutoff(now_ms, h.retention)));
     }
     let mut progress = Progress::new("prune", None, Unit::Items("receipts"));
     let mut finished = 0u64;
     let mut current = (0usize, 0u64);
     let pass = db
-        .prune_pass_counted(&targets, PRUNE_BATCH, &mut |i, n| {
+        .prune_pass_counted(&targets, PRUNE_CHUNK, &mut |i, n| {
             if i != current.0 {
                 finished += current.1;
             }

@@ -25,7 +25,7 @@
 
 use super::{count, printable};
 use crate::config::{Config, HandlerConfig};
-use crate::handler::{Applied, PreparedHandler, StepFailed};
+use crate::pipeline::step::{Applied, PreparedHandler, StepFailed};
 use crate::runtime::{GuestMessage, LoadOptions, Runtime};
 use crate::store::{Database, DeadLetterRow, StoreError};
 use std::path::Path;
@@ -259,7 +259,7 @@ fn handler_for<'c>(
             h.stream == row.stream
                 && h.subjects
                     .iter()
-                    .any(|p| crate::broker_config::captures(p, &row.subject))
+                    .any(|p| crate::broker::drift::captures(p, &row.subject))
         })
         .collect();
     match readers.as_slice() {
@@ -355,7 +355,7 @@ async fn all_on(
                 || !handler
                     .subjects
                     .iter()
-                    .any(|p| crate::broker_config::captures(p, &r.subject))
+                    .any(|p| crate::broker::drift::captures(p, &r.subject))
         })
     {
         anyhow::bail!(

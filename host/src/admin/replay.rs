@@ -25,12 +25,11 @@
 
 use super::printable;
 use crate::broker;
-use crate::broker_clock::{self, BrokerClock};
-use crate::cli::ConfigArg;
+use crate::broker::clock::{self, BrokerClock};
 use crate::config::{Config, HandlerConfig};
-use crate::db_gate::DbGate;
-use crate::handler::PreparedHandler;
 use crate::pipeline::Pipeline;
+use crate::pipeline::db_gate::DbGate;
+use crate::pipeline::step::PreparedHandler;
 use crate::progress::{Progress, Unit};
 use crate::runtime::{LoadOptions, Runtime};
 use crate::store::Database;
@@ -39,8 +38,8 @@ use async_nats::jetstream::{
     self,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
 };
-use clap::{ArgGroup, Args};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,30 +60,21 @@ const IDLE: Duration = Duration::from_secs(1);
 /// the range it holds unacked.
 const MAX_ACK_PENDING: i64 = 1000;
 
-/// `idem replay`'s arguments.
-#[derive(Debug, Args)]
-#[command(group(ArgGroup::new("start").required(true).args(["from_seq", "since"])))]
-pub struct ReplayArgs {
+/// One `idem replay`, as the command line asks for it
+/// (`cli/replay.rs`).
+#[derive(Debug)]
+pub struct Request {
     /// The config that runs the handler.
-    #[command(flatten)]
-    pub config: ConfigArg,
-    /// The handler to run (its module, stream, subjects, message id rule and limits).
+    pub config: PathBuf,
+    /// The handler to run.
     pub handler: String,
-    /// First stream sequence of the range (1 or more).
-    #[arg(long, value_name = "N")]
+    /// First stream sequence of the range.
     pub from_seq: Option<u64>,
-    /// Start at the first message published at or after TIME: RFC 3339
-    /// (2026-01-31T12:00:00Z) or an age on the broker's clock (2h, 30m).
-    #[arg(long, value_name = "TIME")]
+    /// Or the first message published at or after this.
     pub since: Option<Since>,
-    /// Last stream sequence of the range (default and at most: the stream's
-    /// last sequence when the replay starts).
-    #[arg(long, value_name = "M")]
+    /// Last stream sequence of the range.
     pub to_seq: Option<u64>,
-    /// Write receipts and dead letters under NAME instead of the handler's
-    /// name: a fresh projection (the retention horizon is lifted when no
-    /// handler of the config is called NAME).
-    #[arg(long = "as", value_name = "NAME")]
+    /// Receipts and dead letters under this name instead of the handler's.
     pub as_name: Option<String>,
 }
 
@@ -122,8 +112,8 @@ impl FromStr for Since {
 /// messages beyond the retention window (under the handler's own name);
 /// and, after the summary, a replay that dead-lettered messages, was
 /// interrupted, or lost naked messages to the stream's limits.
-pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let path = &args.config.config;
+pub async fn run(args: Request) -> anyhow::Result<()> {
+    let path = &args.config;
     let config = Config::load(path)?;
     let h = super::handler(&config, path, &args.handler)?;
     let name = receipt_name(&config, path, h, args.as_name.as_deref())?;
@@ -267,9 +257,9 @@ impl Plan<'_> {
         })?;
         let last = stream.cached_info().state.last_sequence;
         if !self.fresh() {
-            crate::service::check_horizon(js, h).await?;
+            crate::retention::check_horizon(js, h).await?;
         }
-        let (broker_ms, at) = broker_clock::read(js, &h.stream)
+        let (broker_ms, at) = clock::read(js, &h.stream)
             .await
             .with_context(|| format!("handler `{}`", h.name))?;
         let clock = Arc::new(BrokerClock::new(broker_ms, at));
@@ -421,7 +411,7 @@ async fn consume(
     );
     let mut first = first;
     let pull = broker::PullSettings {
-        batch: pipeline.config().effective_pull_batch(),
+        size: pipeline.config().pull_size(),
         expires: broker::PULL_EXPIRES,
         heartbeat: broker::PULL_HEARTBEAT,
     };
@@ -537,24 +527,11 @@ async fn consume(
     Ok((range.tally(), interrupted))
 }
 
-/// Cancels `stop` on SIGINT or SIGTERM: the replay stops taking messages,
-/// lets those in flight finish, deletes its consumer and says so.
+/// Cancels `stop` on SIGINT or SIGTERM ([`crate::service::shutdown::signal`],
+/// the wait `idem run` stops on): the replay stops taking messages, lets
+/// those in flight finish, deletes its consumer and says so.
 async fn stop_on_signal(stop: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
-            stop.cancel();
-            return;
-        }
-    }
-    let _ = ctrl_c.await;
+    crate::service::shutdown::signal().await;
     stop.cancel();
 }
 

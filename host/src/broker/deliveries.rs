@@ -32,7 +32,7 @@ pub struct ConsumerLost(pub String);
 pub struct Deliveries {
     consumer: jetstream::consumer::Consumer<pull::Config>,
     connections: watch::Receiver<u64>,
-    batch: usize,
+    pull_size: usize,
     stream: Option<PullStream>,
     js: jetstream::Context,
     handler: HandlerConfig,
@@ -55,15 +55,15 @@ pub struct Deliveries {
 const ACK_FLOOR_REFRESH: Duration = Duration::from_secs(5);
 
 impl Deliveries {
-    /// `batch`: messages requested per pull; keep it small enough that a full
-    /// batch is processed well within `ack_wait`. `handler` and
+    /// `pull_size`: messages requested per pull; keep it small enough that a
+    /// full pull is processed well within `ack_wait`. `handler` and
     /// `max_ack_pending` are what [`super::ensure_consumer`] made `consumer` from,
     /// to make it again if it is deleted.
     pub fn new(
         broker: &Broker,
         consumer: jetstream::consumer::Consumer<pull::Config>,
         stream_created: time::OffsetDateTime,
-        batch: usize,
+        pull_size: usize,
         handler: &HandlerConfig,
         max_ack_pending: i64,
     ) -> Self {
@@ -75,7 +75,7 @@ impl Deliveries {
             stream_created,
             consumer,
             connections,
-            batch: batch.max(1),
+            pull_size: pull_size.max(1),
             stream: None,
             js: broker.js.clone(),
             handler: handler.clone(),
@@ -199,7 +199,7 @@ impl Deliveries {
 
     /// Opens the pull stream (the server starts sending messages) unless it
     /// is open. Called once before the first [`Deliveries::next`], so that a
-    /// handler counts as consuming (`READY=1`, see [`crate::systemd`]) only
+    /// handler counts as consuming (`READY=1`, see [`crate::service::systemd`]) only
     /// once its pull request is out; an error here is left for `next` to
     /// retry and report.
     ///
@@ -213,7 +213,7 @@ impl Deliveries {
                 &info.stream_name,
                 &info.name,
                 PullSettings {
-                    batch: self.batch,
+                    size: self.pull_size,
                     expires: PULL_EXPIRES,
                     heartbeat: PULL_HEARTBEAT,
                 },
@@ -226,7 +226,7 @@ impl Deliveries {
 
     /// Stops fetching at shutdown and hands back the messages already
     /// fetched but never given out by [`Deliveries::next`] (buffered in the
-    /// pull stream, up to about one and a half `batch`), for the caller to
+    /// pull stream, up to about one and a half `pull_size`), for the caller to
     /// nak without delay so another host gets them at once
     /// (ARCHITECTURE.md, "Shutdown"). The pull stream is closed: a message
     /// the server sent after this is redelivered after `ack_wait`.

@@ -18,7 +18,6 @@
 //!   consumers are created without one and the pipeline dead-letters on the
 //!   handler's last allowed delivery itself.
 
-use crate::broker_config;
 use crate::config::HandlerConfig;
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::DeliverPolicy;
@@ -26,8 +25,10 @@ use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use std::time::Duration;
 use tokio::sync::watch;
 
+pub mod clock;
 mod connect;
 mod deliveries;
+pub mod drift;
 mod pull_stream;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
@@ -56,14 +57,14 @@ pub struct Broker {
 /// - A missing stream is created with the handler's subjects, `max_age =
 ///   retention` (so the broker never presents a message older than the
 ///   receipts that recognise it), and idem's owner mark in its metadata
-///   ([`broker_config::OWNER_KEY`]).
+///   ([`drift::OWNER_KEY`]).
 /// - A handler subject the stream does not capture is added to the stream
 ///   when idem owns it; on any other stream the start stops (messages on it
 ///   would never be stored).
 /// - The consumer is named after the handler; it filters on the handler's
 ///   subjects, acks explicitly, and has no broker-side `max_deliver` (idem
 ///   enforces the handler's own). Every one of these settings is compared
-///   ([`broker_config::consumer_drift`]) and a differing consumer updated.
+///   ([`drift::consumer_drift`]) and a differing consumer updated.
 ///
 /// # Errors
 /// One line naming the handler and what to do: the stream or consumer cannot
@@ -94,8 +95,8 @@ pub async fn ensure_consumer_from(
             subjects: handler.subjects.clone(),
             max_age: handler.retention,
             metadata: [(
-                broker_config::OWNER_KEY.to_string(),
-                broker_config::OWNER_VALUE.to_string(),
+                drift::OWNER_KEY.to_string(),
+                drift::OWNER_VALUE.to_string(),
             )]
             .into(),
             ..Default::default()
@@ -108,13 +109,13 @@ pub async fn ensure_consumer_from(
             )
         })?;
     let stream_config = stream.cached_info().config.clone();
-    let missing = broker_config::uncaptured(&stream_config.subjects, &handler.subjects);
+    let missing = drift::uncaptured(&stream_config.subjects, &handler.subjects);
     if !missing.is_empty() {
         let owned = stream_config
             .metadata
-            .get(broker_config::OWNER_KEY)
+            .get(drift::OWNER_KEY)
             .map(String::as_str)
-            == Some(broker_config::OWNER_VALUE);
+            == Some(drift::OWNER_VALUE);
         if !owned {
             anyhow::bail!(
                 "handler `{}`: stream `{}` captures {:?}, not {:?}, and idem did not create it; add the subjects to the stream (nats stream edit {} --subjects ...) or change the handler's subjects",
@@ -143,7 +144,7 @@ pub async fn ensure_consumer_from(
             )
         })?;
     }
-    let want = broker_config::WantedConsumer {
+    let want = drift::WantedConsumer {
         ack_wait: handler.ack_wait,
         max_ack_pending,
         subjects: handler.subjects.clone(),
@@ -195,7 +196,7 @@ pub async fn ensure_consumer_from(
         tracing::info!(handler = %handler.name, start = %handler.start, "durable consumer created");
     }
     let found = consumer.cached_info().config.clone();
-    let drift = broker_config::consumer_drift(&found, &want);
+    let drift = drift::consumer_drift(&found, &want);
     let stream_created = stream.cached_info().created;
     if drift.is_empty() {
         let stored = consumer.cached_info().num_pending;
@@ -232,7 +233,7 @@ pub async fn ensure_consumer_from(
 }
 
 /// Refuses to create a consumer whose start sequence lies past the next
-/// message of `stream` ([`crate::start::skipped_past_end`]): the messages
+/// message of `stream` ([`crate::config::start::skipped_past_end`]): the messages
 /// published up to it would be skipped, with no dead letter and nothing
 /// pending. Read before the consumer is created: a message published
 /// meanwhile only moves the stream's end closer to the start.
@@ -246,7 +247,7 @@ fn refuse_start_past_end(
     stream: &stream::Stream,
 ) -> anyhow::Result<()> {
     let last = stream.cached_info().state.last_sequence;
-    let Some((first, until)) = crate::start::skipped_past_end(deliver_policy, last) else {
+    let Some((first, until)) = crate::config::start::skipped_past_end(deliver_policy, last) else {
         return Ok(());
     };
     let skipped = until - first + 1;
@@ -302,7 +303,7 @@ pub async fn stream_max_age(
 }
 
 /// What the broker is told about a delivery once its attempt is decided
-/// (see [`crate::verdict`]).
+/// (see [`crate::pipeline::verdict`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement {
     /// Confirmed ack (`+ACK`, waiting for the server's reply; see the module

@@ -81,7 +81,7 @@ pub struct PullSettings {
     /// Messages per pull request (at least 1). The next request goes out
     /// once at most half of one is buffered or still to come, so up to one
     /// and a half requests' worth can wait in the client.
-    pub batch: usize,
+    pub size: usize,
     /// How long the server holds a request (JetStream `expires`).
     pub expires: Duration,
     /// How often the server says it still holds a request with nothing to
@@ -198,7 +198,7 @@ impl PullStream {
 fn request_body(settings: PullSettings) -> bytes::Bytes {
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     serde_json::json!({
-        "batch": settings.batch.max(1),
+        "batch": settings.size.max(1),
         "expires": nanos(settings.expires),
         "idle_heartbeat": nanos(settings.heartbeat),
     })
@@ -229,7 +229,7 @@ const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 impl Puller {
     /// Publishes one pull request, counted before it is sent.
     async fn request(&mut self) -> Result<(), PullError> {
-        self.outstanding += self.settings.batch.max(1);
+        self.outstanding += self.settings.size.max(1);
         self.client
             .publish_with_reply(
                 self.subject.clone(),
@@ -238,14 +238,14 @@ impl Puller {
             )
             .await
             .map_err(|e| {
-                self.outstanding = self.outstanding.saturating_sub(self.settings.batch.max(1));
+                self.outstanding = self.outstanding.saturating_sub(self.settings.size.max(1));
                 PullError::Other(format!("cannot send a pull request: {e}"))
             })
     }
 
     /// Whether at most half a request is buffered or still to come.
     fn wants_more(&self) -> bool {
-        self.outstanding + self.buffered.load(Relaxed) <= self.settings.batch.max(1) / 2
+        self.outstanding + self.buffered.load(Relaxed) <= self.settings.size.max(1) / 2
     }
 
     /// Receives until an error ends the stream or the receiver is dropped.
@@ -349,7 +349,7 @@ impl Puller {
                     .as_ref()
                     .and_then(|h| h.get("Nats-Pending-Messages"))
                     .and_then(|v| v.as_str().parse().ok())
-                    .unwrap_or(self.settings.batch.max(1));
+                    .unwrap_or(self.settings.size.max(1));
                 self.outstanding = self.outstanding.saturating_sub(left);
                 Ok(None)
             }

@@ -2,14 +2,14 @@
 //! may write and its limits. Parsing and the values derived from it; the
 //! checks across fields are [`super::Config::validate`].
 
-use crate::start::StartPosition;
+use crate::config::start::StartPosition;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The smallest pull batch idem asks for (see
-/// [`HandlerConfig::effective_pull_batch`]).
-pub const MIN_PULL_BATCH: usize = 2;
+/// The smallest pull size (messages per pull) idem asks for (see
+/// [`HandlerConfig::pull_size`]).
+pub const MIN_PULL_SIZE: usize = 2;
 
 /// One `[[handler]]`: a component, the stream it reads and the tables it may write.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -75,9 +75,10 @@ pub struct HandlerConfig {
     /// 5 ms; less than half of `ack_wait`, and at most 10 s.
     #[serde(default = "default_batch_linger", with = "humantime_serde")]
     pub batch_linger: Duration,
-    /// Most messages requested per pull. Default 16; lowered at start so a
+    /// Most messages requested per pull (the pull size; the key keeps its
+    /// name, `batch` is messages per transaction). Default 16; lowered at start so a
     /// buffered message cannot wait past `ack_wait`, never below 2
-    /// ([`HandlerConfig::effective_pull_batch`]).
+    /// ([`HandlerConfig::pull_size`]).
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
     /// Time bound on each statement of a message's transaction (PostgreSQL
@@ -264,10 +265,11 @@ impl HandlerConfig {
         }
     }
 
-    /// Messages actually requested per pull: `pull_batch`, capped so that no
-    /// message waits in the client past `ack_wait` before it starts (its
-    /// in-progress keep-alive only runs once it does). The client buffers up
-    /// to 1.5 batches (it asks for the next batch when half of one is left)
+    /// The pull size, messages actually requested per pull: `pull_batch`,
+    /// capped so that no message waits in the client past `ack_wait` before
+    /// it starts (its in-progress keep-alive only runs once it does). The
+    /// client buffers up to 1.5 pulls (it asks for the next pull when half
+    /// of one is left)
     /// and each of `concurrency` slots may take up to `deadline` + 1 s
     /// per message, so the cap is
     /// `ack_wait × concurrency / (1.5 × (deadline + 1 s))`, at least 2, so
@@ -278,11 +280,11 @@ impl HandlerConfig {
     /// `batch` does not raise it: a batch fills from what the pulls bring
     /// within `batch_linger`, and a message still waits in the buffer at
     /// the rate the handler drains it.
-    pub fn effective_pull_batch(&self) -> usize {
+    pub fn pull_size(&self) -> usize {
         let worst = (self.deadline + Duration::from_secs(1)).as_secs_f64() * 1.5;
         let fits = self.ack_wait.as_secs_f64() * self.concurrency as f64 / worst;
         // Saturating float-to-int cast; `fits` is finite and non-negative.
-        (fits as usize).min(self.pull_batch).max(MIN_PULL_BATCH)
+        (fits as usize).min(self.pull_batch).max(MIN_PULL_SIZE)
     }
 
     /// The effective statement timeout: `statement_timeout`, else `deadline`

@@ -27,11 +27,12 @@ pub mod database_url;
 mod deploy;
 mod handler;
 pub mod sources;
+pub mod start;
 
 pub use broker::{BrokerAuth, BrokerConfig};
 pub use deploy::DeployConfig;
 
-pub use handler::{HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_BATCH};
+pub use handler::{HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_SIZE};
 pub use sources::Problem;
 
 use crate::secret::redact_url;
@@ -448,7 +449,7 @@ impl Config {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::start::StartPosition;
+    use crate::config::start::StartPosition;
 
     fn parse(s: &str) -> Result<Config, String> {
         let c: Config = toml::from_str(s).map_err(|e| e.to_string())?;
@@ -505,20 +506,20 @@ ack_wait = "10s"
     fn pull_batch_is_capped_by_ack_wait() {
         let mut h = parse(OK).unwrap().handlers.remove(0);
         // ack_wait 10s, deadline 5s: 10 / (1.5 × 6) = 1.1 → 1, raised to 2.
-        assert_eq!(h.effective_pull_batch(), 2);
+        assert_eq!(h.pull_size(), 2);
         h.concurrency = 4;
-        assert_eq!(h.effective_pull_batch(), 4);
+        assert_eq!(h.pull_size(), 4);
         h.ack_wait = Duration::from_secs(30);
         h.deadline = Duration::from_secs(1);
         // 30 × 4 / 3 = 40, capped by pull_batch 16.
-        assert_eq!(h.effective_pull_batch(), 16);
+        assert_eq!(h.pull_size(), 16);
         h.ack_wait = Duration::from_millis(100);
-        assert_eq!(h.effective_pull_batch(), 2);
+        assert_eq!(h.pull_size(), 2);
         h.pull_batch = 1;
-        assert_eq!(h.effective_pull_batch(), 2);
+        assert_eq!(h.pull_size(), 2);
         // Batching does not raise it past what ack_wait allows.
         h.batch = 64;
-        assert_eq!(h.effective_pull_batch(), 2);
+        assert_eq!(h.pull_size(), 2);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use super::follow::{Followed, NO_TRUSTED_KEYS, apply, apply_believed};
 use super::store::DeployStore;
 use crate::config::{Config, HandlerConfig};
-use crate::handler::PreparedHandler;
+use crate::pipeline::step::PreparedHandler;
 
 /// What a host with trusted deploy keys says at start of a handler with
 /// `watch = true`.

@@ -18,7 +18,7 @@ use super::record::Deployment;
 use super::store::{Current, DeployStore};
 use super::trust::Refusal;
 use super::{Installed, install};
-use crate::component_slot::ComponentSlot;
+use crate::runtime::component_slot::ComponentSlot;
 use crate::runtime::{LoadOptions, Runtime};
 use futures::StreamExt as _;
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ impl Followed {
     /// from the config.
     pub fn of(
         cfg: &crate::config::HandlerConfig,
-        handler: &crate::handler::PreparedHandler,
+        handler: &crate::pipeline::step::PreparedHandler,
     ) -> Self {
         Followed {
             name: cfg.name.clone(),

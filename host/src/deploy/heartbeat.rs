@@ -12,8 +12,8 @@
 //! `[deploy] trusted_hosts` ([`HostReport::verified`]) from any other.
 
 use super::store::DeployStore;
-use crate::component_slot::ComponentSlot;
 use crate::metrics::HandlerStats;
+use crate::runtime::component_slot::ComponentSlot;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! hashed; a digest the handler already runs changes nothing; otherwise the
 //! component is validated and compiled on a blocking thread (never on the
 //! tokio workers that run messages), and only a component that loads is
-//! swapped in ([`crate::component_slot`]). One that does not is refused,
+//! swapped in ([`crate::runtime::component_slot`]). One that does not is refused,
 //! remembered and reported once; the old version keeps running.
 //!
 //! What the broker's buckets hold is believed only when signed: a
@@ -25,7 +25,7 @@ pub mod watch;
 
 pub use record::Deployment;
 
-use crate::component_slot::ComponentSlot;
+use crate::runtime::component_slot::ComponentSlot;
 use crate::runtime::{LoadError, LoadOptions, Runtime};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;

@@ -19,7 +19,7 @@
 //! A handler with `watch = true` is not followed through the deployments
 //! bucket ([`super::at_start`]): its file is its one source of versions.
 
-use crate::component_slot::ComponentSlot;
+use crate::runtime::component_slot::ComponentSlot;
 use crate::runtime::{LoadOptions, Runtime};
 use notify_debouncer_mini::notify::RecursiveMode;
 use notify_debouncer_mini::{DebounceEventResult, new_debouncer};

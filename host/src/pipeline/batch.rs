@@ -24,13 +24,13 @@
 //! Ack only after COMMIT holds as for one message (invariant 2): nothing of
 //! a batch is acked before its COMMIT returned.
 
+use super::Unsettled;
 use super::{Delivery, Outcome, Pipeline};
 use crate::broker;
-use crate::handler::{BatchApplied, BatchItem, StepFailed};
 use crate::metrics::{CommitTimings, HandlerStats};
+use crate::pipeline::step::{BatchApplied, BatchItem, StepFailed};
+use crate::pipeline::verdict::{self, Attempt, DeliveryCount, Verdict};
 use crate::runtime::GuestMessage;
-use crate::shutdown::Unsettled;
-use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
 use async_nats::jetstream::Message;
 use std::collections::HashSet;
 use tracing::Instrument as _;
@@ -51,7 +51,7 @@ impl Pipeline {
                 alone.push(msg);
                 continue;
             };
-            match crate::message_id::extract(
+            match crate::pipeline::message_id::extract(
                 &self.config.identity,
                 msg.headers.as_ref(),
                 &msg.payload,

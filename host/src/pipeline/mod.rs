@@ -19,29 +19,36 @@
 //! The transaction itself (receipt, role, guest, COMMIT) is the prepared
 //! handler's step, [`PreparedHandler::apply`], which `idem dlq redrive` runs
 //! too; this module adds what belongs to a delivery: its message id, the
-//! horizon, the verdict ([`crate::verdict`]), the settlement toward the
+//! horizon, the verdict ([`crate::pipeline::verdict`]), the settlement toward the
 //! broker, the counters, and holding the delivery while the database is
 //! unavailable.
 
 use crate::backoff;
+use crate::broker::clock::BrokerClock;
 use crate::broker::{self, Settlement};
-use crate::broker_clock::{self, BrokerClock};
 use crate::config::HandlerConfig;
-use crate::db_gate::{self, DbGate};
-use crate::fault;
-use crate::handler::{Applied, PreparedHandler, Rollback, StepFailed};
+use db_gate::DbGate;
+
 use crate::metrics::{CommitTimings, HandlerStats};
+use crate::pipeline::step::{Applied, PreparedHandler, Rollback, StepFailed};
 use crate::runtime::{GuestMessage, HandlerFailure};
 use crate::store::{Database, DeadLetter, StoreError};
-use crate::verdict::{self, Attempt, DeliveryCount, Verdict};
 use async_nats::jetstream::Message;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
+use verdict::{Attempt, DeliveryCount, Verdict};
 
 mod batch;
 mod committed;
+pub mod db_gate;
+pub mod fault;
+pub mod message_id;
+pub mod step;
+mod unsettled;
+pub mod verdict;
 pub use committed::{COMMITTED_IDS, COMMITTED_TTL, Committed};
+pub use unsettled::Unsettled;
 
 /// First wait before a held message runs again (doubling up to [`HOLD_MAX`],
 /// with jitter: [`backoff::doubling`]).
@@ -149,7 +156,7 @@ impl Pipeline {
     /// inside one tracing span (`delivery`: handler, stream sequence,
     /// delivery count, and the message id once it is known).
     ///
-    /// While the database is unreachable ([`crate::db_gate::is_unavailable`])
+    /// While the database is unreachable ([`crate::pipeline::db_gate::is_unavailable`])
     /// the delivery is held, not naked: the in-progress keep-alive keeps it
     /// ours, the host waits for the database, and the protocol runs again
     /// from the start (the receipt decides whether an earlier COMMIT whose
@@ -265,7 +272,7 @@ impl Pipeline {
     /// it has one) and how the attempt ended; `Err` when the database could
     /// not be used (nothing committed).
     async fn attempt(&self, d: &Delivery<'_>) -> Result<(Option<String>, Attempt), Unavailable> {
-        let message_id = match crate::message_id::extract(
+        let message_id = match crate::pipeline::message_id::extract(
             &self.config.identity,
             d.msg.headers.as_ref(),
             &d.msg.payload,
@@ -399,8 +406,11 @@ impl Pipeline {
     /// the broker's clock) is older than the retention window by the
     /// broker's clock now.
     fn beyond_horizon(&self, published_ms: i64) -> Option<String> {
-        let age =
-            broker_clock::beyond_horizon(published_ms, self.clock.now_ms(), self.config.retention)?;
+        let age = crate::retention::beyond_horizon(
+            published_ms,
+            self.clock.now_ms(),
+            self.config.retention,
+        )?;
         Some(format!(
             "beyond-horizon: published {} ago, older than the retention window of {}; its receipt may be pruned, so it cannot be proven new",
             humantime::format_duration(Duration::from_secs(age.as_secs())),

@@ -4,7 +4,7 @@
 use super::{MAX_BROKER_TEXT, Target};
 use crate::admin::shortened;
 use crate::config::IdentityRule;
-use crate::message_id;
+use crate::pipeline::message_id;
 use std::io::BufRead;
 
 /// The header block of a message with one `Nats-Msg-Id` header, less the

@@ -34,7 +34,9 @@
 mod bindings;
 mod cache;
 pub mod code_size;
+pub mod component_slot;
 mod guest_log;
+pub mod handler_info;
 mod host_impl;
 mod load;
 #[cfg(feature = "native-handler")]

@@ -1,7 +1,7 @@
 //! What a failure of the host's own database work is, and what class it
 //! falls in: the database could not be used at all, SQLite's write lock
 //! stayed busy, or this transaction failed. The availability gate
-//! ([`crate::db_gate`]) and the pipeline act on the class, never on codes.
+//! ([`crate::pipeline::db_gate`]) and the pipeline act on the class, never on codes.
 //! Which codes fall in which class is each backend's (`postgres::codes`,
 //! `sqlite::codes`); the driver-level rule is here.
 

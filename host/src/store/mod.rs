@@ -19,7 +19,7 @@
 //!   published_ms)`, primary key `(consumer, message_id)`: the processed-message
 //!   marker. `published_ms` is the message's publish time on the broker's
 //!   clock (Unix ms), indexed by `(consumer, published_ms)` for pruning (module
-//!   `retention`, [`crate::broker_clock`]); `processed_at` is informational, set by
+//!   `retention`, [`crate::broker::clock`]); `processed_at` is informational, set by
 //!   the database (`timestamptz` on PostgreSQL, Unix ms `INTEGER` on SQLite).
 //! - `idem_dead_letters(id, consumer, message_id NULL, stream, stream_sequence, subject,
 //!   reason, headers (JSON text), payload, failed_at, published_ns)`, unique
@@ -238,7 +238,7 @@ impl Database {
     /// dead one left from before an outage is replaced); SQLite `BEGIN
     /// IMMEDIATE` then `ROLLBACK`, so a file that can be read but not written
     /// (read-only, disk full) is still "down". The availability gate
-    /// ([`crate::db_gate`]) asks this while the database is down.
+    /// ([`crate::pipeline::db_gate`]) asks this while the database is down.
     ///
     /// # Errors
     /// [`ProbeFailure::Failed`] with the driver's error, or

@@ -16,7 +16,7 @@ pub struct Receipt<'a> {
     pub module_digest: &'a str,
     /// When the broker stored the message, Unix ms on the broker's clock
     /// (JetStream's `published` metadata): what the retention window is
-    /// measured on ([`crate::broker_clock`]).
+    /// measured on ([`crate::broker::clock`]).
     pub published_ms: i64,
 }
 

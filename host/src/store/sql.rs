@@ -64,9 +64,9 @@ pub(super) const DROP_DEAD_LETTER: &str = "DELETE FROM idem_dead_letters WHERE i
 /// Deletes every dead letter of consumer `$1`.
 pub(super) const DROP_DEAD_LETTERS: &str = "DELETE FROM idem_dead_letters WHERE consumer = $1";
 
-/// One prune batch: at most `$3` of consumer `$1`'s receipts published
+/// One prune chunk: at most `$3` of consumer `$1`'s receipts published
 /// before `$2` (module `retention`).
-pub(super) const PRUNE_BATCH: &str =
+pub(super) const PRUNE_CHUNK: &str =
     "DELETE FROM idem_receipts WHERE consumer = $1 AND message_id IN (
                          SELECT message_id FROM idem_receipts
                          WHERE consumer = $1 AND published_ms < $2

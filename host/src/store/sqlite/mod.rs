@@ -338,16 +338,16 @@ impl Pool {
         .await
     }
 
-    pub(super) async fn prune_batch(
+    pub(super) async fn prune_chunk(
         &self,
         consumer: &str,
         published_before_ms: i64,
-        batch: u32,
+        chunk: u32,
     ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(sql::PRUNE_BATCH)
+        Ok(sqlx::query(sql::PRUNE_CHUNK)
             .bind(consumer)
             .bind(published_before_ms)
-            .bind(i64::from(batch))
+            .bind(i64::from(chunk))
             .execute(&self.0)
             .await?
             .rows_affected())

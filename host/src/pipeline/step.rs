@@ -21,9 +21,9 @@
 //! component that produced the effect, even when a new version is swapped
 //! in meanwhile (hot deploy).
 
-use crate::component_slot::ComponentSlot;
 use crate::config::HandlerConfig;
 use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
+use crate::runtime::component_slot::ComponentSlot;
 use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
 use crate::store::{Database, Receipt, StoreError, Tx};

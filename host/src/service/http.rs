@@ -1,6 +1,6 @@
 //! The HTTP listener of `idem run` (`[service] listen`): `/healthz`,
 //! `/readyz` and `/metrics` (Prometheus text, the metrics of
-//! [`crate::metrics`] and [`crate::handler_info`]).
+//! [`crate::metrics`] and [`crate::runtime::handler_info`]).
 //!
 //! The listener is bound before the host starts, so a bad address stops the
 //! start at once, and it answers from then on: `/readyz` says "starting"
@@ -28,7 +28,7 @@ pub struct Readiness {
     /// The broker connection (its state is read, nothing is sent).
     pub broker: async_nats::Client,
     /// The host's database gate: down while the database is unavailable.
-    pub gate: Arc<crate::db_gate::DbGate>,
+    pub gate: Arc<crate::pipeline::db_gate::DbGate>,
     /// Each handler's name and whether it is consuming (its loop runs).
     pub handlers: Vec<(Arc<str>, Arc<AtomicBool>)>,
     /// Cancelled on shutdown (the token given to
@@ -149,9 +149,9 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// The recorder's metrics, then `idem_handler_info` ([`crate::handler_info`]).
+/// The recorder's metrics, then `idem_handler_info` ([`crate::runtime::handler_info`]).
 async fn render(State(shared): State<Arc<Shared>>) -> Response {
     let mut body = shared.metrics.render();
-    crate::handler_info::render(&mut body);
+    crate::runtime::handler_info::render(&mut body);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

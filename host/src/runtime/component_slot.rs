@@ -7,7 +7,7 @@
 //! ([`ComponentSlot::swap`]) affects only deliveries that start after it;
 //! the old component is dropped when the last delivery holding it ends.
 //!
-//! The slot keeps `idem_handler_info` ([`crate::handler_info`]) on what it
+//! The slot keeps `idem_handler_info` ([`crate::runtime::handler_info`]) on what it
 //! holds: the current digest reads 1, the one it replaced last reads 0, and
 //! no older version keeps a series.
 //!
@@ -15,8 +15,8 @@
 //! ([`ComponentSlot::refuse`]) so it is reported once and shown in status,
 //! while the current component keeps running.
 
-use crate::handler_info;
 use crate::runtime::HandlerComponent;
+use crate::runtime::handler_info;
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -7,8 +7,8 @@
 //! swapped through (ARCHITECTURE.md, "Code map", `metrics.rs`). They are
 //! kept here rather than in the Prometheus recorder of [`crate::metrics`],
 //! which cannot remove one series of a metric, and rendered after the
-//! recorder's output on `/metrics` ([`render`], called by [`crate::http`]).
-//! [`crate::component_slot::ComponentSlot`] sets them: when it is made
+//! recorder's output on `/metrics` ([`render`], called by [`crate::service::http`]).
+//! [`crate::runtime::component_slot::ComponentSlot`] sets them: when it is made
 //! ([`running`]) and at every swap ([`swapped`]).
 //!
 //! Like the `metrics` facade's recorder the registry is process-wide; a

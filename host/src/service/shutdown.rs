@@ -4,10 +4,10 @@
 //! grace, and abandons the rest (rolled back, given back for another host).
 
 use crate::broker::{self, Deliveries, Settlement};
+use crate::pipeline::Unsettled;
 use async_nats::jetstream::Message;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::task::{Id, JoinError, JoinSet};
 
@@ -18,34 +18,6 @@ use tokio::task::{Id, JoinError, JoinSet};
 pub struct InFlight {
     tasks: JoinSet<()>,
     messages: HashMap<Id, Unsettled>,
-}
-
-/// The deliveries of one task not yet settled (acked, naked or termed),
-/// shared with the task, which crosses each off once it has settled it: an
-/// abandoned task gives back only these (a batch's task may have settled
-/// some of its messages already, and a second, immediate nak would undo a
-/// nak's delay).
-#[derive(Clone, Default)]
-pub struct Unsettled(Arc<Mutex<Vec<Message>>>);
-
-impl Unsettled {
-    /// `msgs` (cheap copies of deliveries), none settled yet.
-    pub fn new(msgs: Vec<Message>) -> Self {
-        Self(Arc::new(Mutex::new(msgs)))
-    }
-
-    /// `msg` was settled: it is not to be given back.
-    pub fn settled(&self, msg: &Message) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|m| m.reply != msg.reply);
-    }
-
-    /// The deliveries still unsettled, taken out.
-    fn take(&self) -> Vec<Message> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
 }
 
 impl InFlight {
@@ -162,4 +134,23 @@ async fn give_back(handler: &str, msg: &Message) {
     if let Err(e) = broker::settle(msg, Settlement::Release).await {
         tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");
     }
+}
+
+/// Waits for SIGINT or SIGTERM and says which came: the stop of `idem run`
+/// and of `idem replay`.
+pub async fn signal() -> &'static str {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = ctrl_c => return "SIGINT",
+                _ = term.recv() => return "SIGTERM",
+            }
+        }
+    }
+    let _ = ctrl_c.await;
+    "SIGINT"
 }

@@ -7,7 +7,8 @@
 //! with the broker's "now", and pruning deletes receipts published more than
 //! the retention window (plus a margin) before the broker's "now". Neither the
 //! host's wall clock nor the database's takes part, so skew between the
-//! three machines moves nothing.
+//! three machines moves nothing. What is judged on this clock (the
+//! horizon, the prune cutoff) is [`crate::retention`]'s.
 //!
 //! The broker's "now" is read from the `ts` field every JetStream stream
 //! info response carries (nats-server 2.10 and later; the stream leader's
@@ -125,35 +126,9 @@ pub fn parse_ts(ts: &str) -> Option<i64> {
     i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 
-/// How long before the broker's `now_ms` a message published at
-/// `published_ms` was published, when that is longer than `retention`: it
-/// is beyond the horizon, its receipt may have been pruned. `None` when it
-/// is within the window (or published "after" now, a reading's error).
-pub fn beyond_horizon(published_ms: i64, now_ms: i64, retention: Duration) -> Option<Duration> {
-    let age = Duration::from_millis(u64::try_from(now_ms.saturating_sub(published_ms)).ok()?);
-    (age > retention).then_some(age)
-}
-
-/// The margin pruning keeps beyond the retention window: a tenth of it, at
-/// most a minute. It absorbs the difference between two hosts' readings of
-/// the broker's clock (each within half a round trip), so a receipt is never
-/// deleted while any host still judges its message inside the window.
-pub fn prune_margin(retention: Duration) -> Duration {
-    (retention / 10).min(Duration::from_secs(60))
-}
-
-/// Receipts published before this Unix ms are pruned when the broker's time
-/// is `now_ms`: `now_ms - retention - prune_margin(retention)`.
-pub fn prune_cutoff(now_ms: i64, retention: Duration) -> i64 {
-    let keep = retention.saturating_add(prune_margin(retention));
-    now_ms.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const S: Duration = Duration::from_secs(1);
 
     #[test]
     fn the_clock_moves_on_the_monotonic_clock_from_its_reading() {
@@ -178,32 +153,5 @@ mod tests {
             Some(1_796_093_740_500)
         );
         assert_eq!(parse_ts("yesterday"), None);
-    }
-
-    #[test]
-    fn only_a_message_older_than_the_window_is_beyond_the_horizon() {
-        let r = 10 * S;
-        assert_eq!(beyond_horizon(100_000, 110_000, r), None);
-        assert_eq!(
-            beyond_horizon(100_000, 110_001, r),
-            Some(Duration::from_millis(10_001))
-        );
-        // Published "after" the broker's now (a reading's error): fresh.
-        assert_eq!(beyond_horizon(200_000, 110_000, r), None);
-    }
-
-    #[test]
-    fn pruning_keeps_the_window_plus_a_tenth_of_it_at_most_a_minute() {
-        assert_eq!(prune_margin(10 * S), S);
-        assert_eq!(prune_margin(7 * 86_400 * S), 60 * S);
-        assert_eq!(prune_cutoff(100_000, 10 * S), 89_000);
-        assert_eq!(prune_cutoff(i64::MIN + 5, 10 * S), i64::MIN);
-        // Nothing the horizon check lets through is ever below the cutoff:
-        // a message at the edge of the window, judged by a host whose
-        // reading is behind the pruner's by less than the margin.
-        let (pruner_now, checker_now, r) = (1_000_000, 999_100, 10 * S);
-        let published = checker_now - 10_000;
-        assert_eq!(beyond_horizon(published, checker_now, r), None);
-        assert!(published >= prune_cutoff(pruner_now, r));
     }
 }

@@ -1,0 +1,116 @@
+//! One handler's consuming loop: pulls, takes a concurrency slot, fills a
+//! batch, and runs each delivery (or batch) in a task of its own; at stop,
+//! [`shutdown::wind_down`].
+
+use super::shutdown::{self, InFlight};
+use crate::broker::{self, Deliveries};
+use crate::pipeline::Pipeline;
+use crate::pipeline::db_gate::DbGate;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// One handler's consuming loop: up to `concurrency` messages in flight,
+/// each running the whole protocol in its own task. Fetches nothing while the
+/// database is down (the open pull request is dropped, see
+/// [`Deliveries::pause`]). Says it consumes through `stopping.ready` once
+/// its pull request is out. At stop, [`shutdown::wind_down`].
+pub(super) async fn consume(
+    pipeline: Arc<Pipeline>,
+    mut deliveries: Deliveries,
+    gate: Arc<DbGate>,
+    stop: CancellationToken,
+    consuming: Arc<AtomicBool>,
+    lost: Lost,
+    stopping: Stopping,
+) {
+    consuming.store(true, Relaxed);
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        pipeline.config().concurrency.max(1),
+    ));
+    let mut in_flight = InFlight::default();
+    let (batch, linger) = (
+        pipeline.config().batch.max(1),
+        pipeline.config().batch_linger,
+    );
+    let mut ready = Some(stopping.ready);
+    if deliveries.open().await.is_ok()
+        && let Some(ready) = ready.take()
+    {
+        let _ = ready.send(());
+    }
+    loop {
+        let slot = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        if !gate.is_up() {
+            deliveries.pause();
+            if !gate.ready().await {
+                break;
+            }
+        }
+        let msg = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            m = deliveries.next() => m,
+        };
+        let mut msgs = match msg {
+            Ok(msg) => vec![msg],
+            Err(e) => {
+                lost.consumer_gone(pipeline.name(), e);
+                break;
+            }
+        };
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        if batch > 1 {
+            // A stop while the batch fills ends the filling: what was taken
+            // runs (or is given back by the wind-down).
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {}
+                () = deliveries.fill(&mut msgs, batch, linger) => {}
+            }
+        }
+        let p = pipeline.clone();
+        let unsettled = crate::pipeline::Unsettled::new(msgs.clone());
+        let settling = unsettled.clone();
+        in_flight.spawn(unsettled, async move {
+            match msgs.as_slice() {
+                [msg] => drop(p.process(msg).await),
+                msgs => p.process_batch(msgs, &settling).await,
+            }
+            drop(slot);
+        });
+        in_flight.reap(pipeline.name());
+    }
+    shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
+}
+
+/// What a handler's consuming loop needs for its start and stop: the
+/// shutdown grace, and where to say it consumes.
+pub(super) struct Stopping {
+    pub(super) grace: Duration,
+    pub(super) ready: tokio::sync::oneshot::Sender<()>,
+}
+
+/// How a handler's consuming loop stops the whole host when its consumer is
+/// lost for good ([`broker::ConsumerLost`]).
+pub(super) struct Lost {
+    pub(super) stop: CancellationToken,
+    pub(super) failure: Arc<std::sync::OnceLock<String>>,
+}
+
+impl Lost {
+    /// `handler`'s consumer is gone for good: says so, and stops the host.
+    fn consumer_gone(&self, handler: &str, e: broker::ConsumerLost) {
+        tracing::error!(%handler, error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
+        let _ = self.failure.set(e.0);
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,134 @@
+//! [`Host::run`]: the consuming loops and background tasks started, the
+//! wait for the stop (or the drain), and the stop in order.
+
+use super::consume::{Lost, Stopping, consume};
+use super::tasks::{GaugeTarget, read_clocks_forever, refresh_gauges_forever, wait_drained};
+use super::{Host, MAX_ACK_PENDING, RunMode, Summary, report_stats_forever};
+use crate::broker::Deliveries;
+use crate::retention::{PruneTarget, prune_forever};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+impl Host {
+    /// Runs until `shutdown` is cancelled (or drained, in
+    /// [`RunMode::Drain`]). Tells the service manager `READY=1` once every
+    /// handler is consuming ([`crate::service::systemd`]). At shutdown, fetching
+    /// stops, messages fetched but not started are given back, and the
+    /// deliveries in flight get `[service] shutdown_grace` to finish before
+    /// they are abandoned (rolled back, given back): [`super::shutdown::wind_down`].
+    pub async fn run(self, mode: RunMode, shutdown: CancellationToken) -> Summary {
+        let stop = self.stop.clone();
+        let mut tasks = Vec::new();
+        let mut consuming = Vec::new();
+        for h in &self.handlers {
+            let (ready, consumes) = tokio::sync::oneshot::channel();
+            consuming.push(consumes);
+            tasks.push(tokio::spawn(consume(
+                h.pipeline.clone(),
+                Deliveries::new(
+                    &self.nats,
+                    h.consumer.clone(),
+                    h.stream_created,
+                    h.pipeline.config().pull_size(),
+                    h.pipeline.config(),
+                    MAX_ACK_PENDING,
+                ),
+                self.gate.clone(),
+                stop.clone(),
+                h.consuming.clone(),
+                Lost {
+                    stop: stop.clone(),
+                    failure: self.failure.clone(),
+                },
+                Stopping {
+                    grace: self.grace,
+                    ready,
+                },
+            )));
+        }
+        let watches = self.watch_modules();
+        let deploy_tasks = self.follow_deployments();
+        let readiness = tokio::spawn(async move {
+            for consumes in consuming {
+                if consumes.await.is_err() {
+                    return;
+                }
+            }
+            tracing::info!("every handler is consuming");
+            crate::service::systemd::ready();
+        });
+        let stats = self.stats();
+        let pruner = tokio::spawn(prune_forever(
+            self.db.clone(),
+            self.handlers
+                .iter()
+                .map(|h| PruneTarget {
+                    name: h.pipeline.name().clone(),
+                    retention: h.pipeline.config().retention,
+                    clock: h.pipeline.clock().clone(),
+                    stats: h.pipeline.stats().clone(),
+                })
+                .collect(),
+        ));
+        let clock_reader = tokio::spawn(read_clocks_forever(
+            self.nats.js.clone(),
+            self.clocks.clone(),
+        ));
+        let gauges = tokio::spawn(refresh_gauges_forever(
+            self.db.clone(),
+            self.handlers
+                .iter()
+                .map(|h| GaugeTarget {
+                    pipeline: h.pipeline.clone(),
+                    consumer: h.consumer.clone(),
+                })
+                .collect(),
+        ));
+        let reporter = tokio::spawn(report_stats_forever(stats.clone()));
+        match mode {
+            RunMode::Forever => {
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+            RunMode::Drain => {
+                let mut consumers: Vec<_> =
+                    self.handlers.iter().map(|h| h.consumer.clone()).collect();
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = stop.cancelled() => {}
+                    () = wait_drained(&mut consumers) => {}
+                }
+            }
+        }
+        stop.cancel();
+        for t in tasks {
+            let _ = t.await;
+        }
+        // The naks of the messages given back must leave before the process does.
+        let client = self.nats.js.client();
+        if tokio::time::timeout(Duration::from_secs(5), client.flush())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the broker did not take the last naks within 5s; those messages are redelivered after ack_wait"
+            );
+        }
+        readiness.abort();
+        for w in watches {
+            w.abort();
+        }
+        // Stopped by `stop`: the heartbeat deletes this host's report.
+        for t in deploy_tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        reporter.abort();
+        gauges.abort();
+        clock_reader.abort();
+        pruner.abort();
+        let _ = pruner.await;
+        stats.into_iter().map(|(n, s)| (n, s.snapshot())).collect()
+    }
+}
