@@ -774,4 +774,34 @@ async fn only_reports_of_trusted_hosts_count() {
         "{out}"
     );
     host.stop().await;
+
+    // The real host gone, only unverified reports are left: with
+    // `trusted_hosts`, that is never success.
+    for key in ["copy-1", "ghost-1"] {
+        hosts.delete(key).await.unwrap();
+    }
+    let mut ghost = ghost;
+    ghost["host"] = "ghost-2".into();
+    hosts
+        .put("ghost-2", serde_json::to_vec(&ghost).unwrap().into())
+        .await
+        .unwrap();
+    let (code, _, err) = deploy(
+        &keys,
+        &cfg,
+        &[
+            "rep",
+            guest("credit").to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "2s",
+        ],
+    );
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            1,
+            "idem: after 2s, no host whose report is signed by a key of [deploy] trusted_hosts runs `rep` (ignored 1 unverified report(s): ghost-2); check that the hosts run with a [deploy] host_key this config trusts\n"
+        )
+    );
 }

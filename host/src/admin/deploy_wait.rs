@@ -61,14 +61,16 @@ pub fn standing(h: &HandlerReport, digest: &str, revision: u64, written_since: b
 
 /// Waits until every live host that runs `handler` runs `digest`, the
 /// version recorded at KV `revision` (at `since` by this machine's clock).
-/// With `[deploy] trusted_hosts`, only verified reports count; the others
-/// are named once, as ignored.
+/// With `[deploy] trusted_hosts`, only verified reports count (the others
+/// are named once, as ignored), and at least one verified host must run
+/// `digest`: no verified report is never success.
 ///
 /// # Errors
 /// A host runs the handler from its module file (`watch = true`), at
-/// once; after `timeout`, not every host runs `digest`: one line naming
-/// each host that does not and what it runs or why it refused; the hosts
-/// bucket cannot be read.
+/// once; after `timeout`, not every host runs `digest` (one line naming
+/// each host that does not and what it runs or why it refused) or, with
+/// `trusted_hosts`, no verified host reported; the hosts bucket cannot be
+/// read.
 pub async fn wait_for_hosts(
     store: &DeployStore,
     handler: &str,
@@ -112,7 +114,11 @@ pub async fn wait_for_hosts(
                 watched.join(", ")
             );
         }
-        if behind.is_empty() {
+        // With `trusted_hosts`, success needs a verified host on the
+        // version: reports deleted or overwritten by whoever can write the
+        // hosts bucket must not read as "every host runs it".
+        let proven = !verified_only || !on.is_empty();
+        if behind.is_empty() && proven {
             if on.is_empty() {
                 println!("no live host runs `{handler}`");
             } else {
@@ -128,9 +134,16 @@ pub async fn wait_for_hosts(
             return Ok(());
         }
         if Instant::now() >= deadline {
+            let waited = humantime::format_duration(timeout);
+            if behind.is_empty() {
+                anyhow::bail!(
+                    "after {waited}, no host whose report is signed by a key of [deploy] trusted_hosts runs `{handler}` (ignored {} unverified report(s): {}); check that the hosts run with a [deploy] host_key this config trusts",
+                    ignored.len(),
+                    ignored.join(", ")
+                );
+            }
             anyhow::bail!(
-                "after {}, not every host runs {digest}: {}",
-                humantime::format_duration(timeout),
+                "after {waited}, not every host runs {digest}: {}",
                 behind.join(", ")
             );
         }
