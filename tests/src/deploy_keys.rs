@@ -75,7 +75,9 @@ impl DeployKeys {
         read_seed(&self.seed, Role::Deploy).unwrap()
     }
 
-    /// `d` signed for `handler`, replacing its key's last revision now.
+    /// `d` signed for `handler`, replacing its key's last revision now;
+    /// without a sequence of its own, it gets the clock's Unix
+    /// milliseconds as `idem deploy` gives it (above every earlier one).
     pub async fn signed(
         &self,
         store: &DeployStore,
@@ -83,6 +85,10 @@ impl DeployKeys {
         mut d: Deployment,
     ) -> Deployment {
         d.replaces = store.last_revision(handler).await.unwrap();
+        if d.sequence == 0 {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            d.sequence = u64::try_from(now.unwrap().as_millis()).unwrap();
+        }
         idem::deploy::trust::sign(&self.pair(), handler, &mut d).unwrap();
         d
     }

@@ -21,7 +21,7 @@ use crate::deploy::Deployment;
 use crate::deploy::heartbeat::HostReport;
 use crate::deploy::keys::{Role, generate, public_key, read_seed};
 use crate::deploy::record::{MAX_BY_BYTES, MAX_NOTE_BYTES, bounded, escaped};
-use crate::deploy::store::DeployStore;
+use crate::deploy::store::{DeployStore, History};
 use crate::runtime::{LoadOptions, Runtime};
 use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
@@ -76,15 +76,15 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     let Some(key) = key else {
         return history(&store, &h.name).await;
     };
-    // What the hosts run: the latest record the trusted keys vouch for. A
-    // record they do not is never the source of `previous` or a rollback.
+    let store = with_marks(&config, store).await;
+    // What the hosts run: the latest record the trusted keys vouch for, not
+    // below the high-water mark. A record they do not believe is never the
+    // source of `previous` or a rollback.
     let history = store.history(&h.name).await?;
-    let running = history
-        .records
-        .iter()
-        .rev()
-        .find_map(|c| store.believe_in(&h.name, c, &history).ok());
+    let running = store.deployed(&h.name, &history).await?;
     let replaces = store.last_revision(&h.name).await?;
+    let mark = store.mark(&h.name).await?.map_or(0, |m| m.sequence);
+    let sequence = next_sequence(&store, &h.name, &history, mark);
     let (bytes, origin) = if args.rollback {
         let Some(previous) = running.as_ref().and_then(|d| d.previous.clone()) else {
             anyhow::bail!(
@@ -132,6 +132,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
             },
             by: who(),
             replaces,
+            sequence,
             ..d.clone()
         };
         sign(&key, &h.name, &mut again)?;
@@ -158,6 +159,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
             by: who(),
             handler: String::new(),
             replaces,
+            sequence,
             signer: String::new(),
             signature: String::new(),
         };
@@ -178,6 +180,42 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         wait_for_hosts(&store, &h.name, &digest, revision, args.timeout, started).await?;
     }
     Ok(())
+}
+
+/// The sequence of `handler`'s next deployment: above every believed
+/// record's in `history` and the high-water mark `mark`, and at least the clock in Unix milliseconds, so
+/// a history someone cut (or a bucket made again) does not lower it below
+/// what hosts ran, however little of it the broker keeps.
+fn next_sequence(store: &DeployStore, handler: &str, history: &History, mark: u64) -> u64 {
+    let signed = history
+        .records
+        .iter()
+        .filter_map(|c| store.believe_in(handler, c, history).ok())
+        .map(|d| d.sequence)
+        .chain([mark])
+        .max()
+        .unwrap_or(0);
+    let now_ms =
+        u64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+    signed.saturating_add(1).max(now_ms)
+}
+
+/// `store` reading the hosts' high-water marks in `config`'s database
+/// when it can be reached (`idem deploy` may run where it cannot: then
+/// the bucket alone decides, and a note says so on stderr).
+async fn with_marks(config: &Config, store: DeployStore) -> DeployStore {
+    match crate::store::Database::connect_existing(&config.database.url, 1, config.lock_wait())
+        .await
+    {
+        Ok(db) => store.with_marks(Arc::new(db)),
+        Err(e) => {
+            eprintln!(
+                "note: the hosts' deployment high-water marks are not read ({}); what is deployed is judged from the deployments bucket alone",
+                escaped(&format!("{e:#}"), 300)
+            );
+            store
+        }
+    }
 }
 
 /// The deploy key `--key` (or `IDEM_SIGNING_KEY`) names, checked to be one
@@ -274,7 +312,11 @@ async fn history(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
         let d = match &c.deployment {
             Ok(d) => d,
             Err(reason) => {
-                println!("revision {}  not a deployment: {reason}", c.revision);
+                println!(
+                    "revision {}  not a deployment: {}",
+                    c.revision,
+                    escaped(reason, 200)
+                );
                 continue;
             }
         };
@@ -351,6 +393,7 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
+    let store = with_marks(&config, store).await;
     let reports = reports(&store).await?;
     if reports.is_empty() {
         println!("no live hosts");
@@ -371,11 +414,11 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
         for h in &r.handlers {
             if !deployed_of.contains_key(&h.name) {
                 let believed = match store.history(&h.name).await {
-                    Ok(history) => history
-                        .records
-                        .iter()
-                        .rev()
-                        .find_map(|c| store.believe_in(&h.name, c, &history).ok())
+                    Ok(history) => store
+                        .deployed(&h.name, &history)
+                        .await
+                        .ok()
+                        .flatten()
                         .map(|d| d.digest),
                     Err(_) => None,
                 };

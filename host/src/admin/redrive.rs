@@ -85,7 +85,7 @@ impl Redriver {
         let mut cfg = handler.clone();
         consumer.clone_into(&mut cfg.name);
         let prepared = PreparedHandler::prepare(&cfg, component, runtime, &db).await;
-        crate::deploy::at_start::use_deployed_via_broker(config, handler, &prepared).await?;
+        crate::deploy::at_start::use_deployed_via_broker(config, handler, &prepared, &db).await?;
         tracing::info!(handler = %cfg.name, digest = %prepared.slot().current().digest(), "redriving with this version");
         Ok(Self {
             handler: prepared,

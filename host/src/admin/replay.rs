@@ -141,7 +141,8 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     cfg.name = name;
     let handler = PreparedHandler::prepare(&cfg, component, runtime, &db).await;
     // The version the hosts run: the deployed one, when they follow deployments.
-    crate::deploy::at_start::use_deployed_via_broker(&config, h, &handler).await?;
+    crate::deploy::at_start::use_deployed_via_broker(&config, h, &handler, &db).await?;
+    tracing::info!(handler = %cfg.name, digest = %handler.slot().current().digest(), "replaying with this version");
     let plan = Plan {
         broker: &config.broker,
         own: h,

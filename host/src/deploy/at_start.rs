@@ -8,8 +8,11 @@
 
 use super::follow::{Followed, NO_TRUSTED_KEYS, apply, apply_believed};
 use super::store::DeployStore;
+use super::trust::Trust;
 use crate::config::{Config, HandlerConfig};
 use crate::pipeline::step::PreparedHandler;
+use crate::store::Database;
+use std::sync::Arc;
 
 /// What a host with trusted deploy keys says at start of a handler with
 /// `watch = true`.
@@ -17,12 +20,15 @@ pub const WATCHED_NOT_FOLLOWED: &str = "`watch = true`: this handler runs its mo
 
 /// At start, puts `handler`'s deployed version in place when the
 /// deployments bucket has one (else it keeps the config's `module`).
-/// `cfg.name` is the deployments key. A deployed version that cannot be
-/// fetched or loaded is reported, and the host runs the most recent earlier
-/// deployment that loads, which is what the hosts that refused the same
-/// record keep running; only when none does, the config's module. The
-/// refusal stays in the slot, so `idem status` shows it and the follower
-/// tries the record again later ([`super::follow::RETRY_REFUSED`]).
+/// `cfg.name` is the deployments key. A deployed version that is refused
+/// or cannot be fetched or loaded is reported, and the host runs the record
+/// of the handler's high-water mark (what its hosts ran last, kept in the
+/// database: it may be missing from a bucket whose history was cut), else
+/// the most recent earlier deployment that loads and is not below the
+/// mark, which is what the hosts that refused the same record keep
+/// running; only when none does, the config's module. The refusal stays
+/// in the slot, so `idem status` shows it and the follower tries the
+/// record again later ([`super::follow::RETRY_REFUSED`]).
 pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &PreparedHandler) {
     if store.trust().is_empty() {
         return;
@@ -46,35 +52,47 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
     let refused = handler.slot().refused();
     let config_digest = handler.slot().current().digest().to_owned();
     let history = store.history(&cfg.name).await.unwrap_or_default();
+    // Without a mark that can be read, nothing earlier is run: it might be
+    // below it.
+    let Ok(mark) = store.mark(&cfg.name).await else {
+        tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused and the database's high-water mark cannot be read; running the config's module");
+        return;
+    };
     // The version a believed record names, and failed to load, is not
     // tried again; one an unbelieved record names may be a good one.
     let mut tried = std::collections::HashSet::new();
-    if let Ok(d) = store.believe_in(&cfg.name, &current, &history) {
+    if let Ok(d) = store.believe_in(&cfg.name, &current, &history)
+        && Trust::not_below(&d, mark.as_ref()).is_ok()
+    {
         tried.insert(d.digest);
     }
-    let mut fallback = None;
-    for earlier in history
+    // The mark's record first: what this handler's hosts ran last.
+    let marked = mark.as_ref().and_then(|m| {
+        let d = store.trust().check_signed(&cfg.name, &m.record).ok()?;
+        (d.sequence == m.sequence).then_some((m.revision, d))
+    });
+    let earlier = history
         .records
         .iter()
         .rev()
         .filter(|c| c.revision < current.revision)
-    {
-        // Only a record to believe where it stands is a version to fall
-        // back to.
-        let Ok(d) = store.believe_in(&cfg.name, earlier, &history) else {
-            continue;
-        };
+        // Only a record to believe where it stands, and not below the
+        // mark, is a version to fall back to.
+        .filter_map(|c| {
+            let d = store.believe_in(&cfg.name, c, &history).ok()?;
+            Trust::not_below(&d, mark.as_ref()).ok()?;
+            Some((c.revision, d))
+        });
+    let mut fallback = None;
+    for (revision, d) in marked.into_iter().chain(earlier) {
         if !tried.insert(d.digest.clone()) {
             continue;
         }
         if d.digest == config_digest {
             break;
         }
-        if apply_believed(store, &followed, earlier.revision, &d)
-            .await
-            .is_ok()
-        {
-            fallback = Some((earlier.revision, d.digest.clone()));
+        if apply_believed(store, &followed, revision, &d).await.is_ok() {
+            fallback = Some((revision, d.digest.clone()));
             break;
         }
     }
@@ -83,7 +101,7 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
     }
     match fallback {
         Some((revision, digest)) => {
-            tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running the most recent earlier deployment that loads");
+            tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running what this handler's hosts ran last (the database's high-water mark), or else the most recent earlier deployment that loads");
         }
         None => {
             tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused; running the config's module");
@@ -93,8 +111,8 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
 
 /// [`use_deployed`] for a command that runs a handler outside a host
 /// (`idem replay`, `idem dlq redrive`), so it runs what the hosts run: with
-/// `config`'s `[deploy] follow`, over a broker connection of its own; a
-/// no-op without it.
+/// `config`'s `[deploy] follow`, over a broker connection of its own and
+/// with the high-water marks in `db`; a no-op without it.
 ///
 /// # Errors
 /// One line: the broker cannot be reached or its buckets cannot be
@@ -103,6 +121,7 @@ pub async fn use_deployed_via_broker(
     config: &Config,
     cfg: &HandlerConfig,
     handler: &PreparedHandler,
+    db: &Arc<Database>,
 ) -> anyhow::Result<()> {
     if !config.deploy.follow {
         return Ok(());
@@ -117,7 +136,11 @@ pub async fn use_deployed_via_broker(
     }
     let store = async {
         let nats = crate::broker::connect(&config.broker).await?;
-        DeployStore::open(&nats.js, &config.deploy).await
+        anyhow::Ok(
+            DeployStore::open(&nats.js, &config.deploy)
+                .await?
+                .with_marks(db.clone()),
+        )
     }
     .await
     .map_err(|e| {

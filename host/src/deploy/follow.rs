@@ -12,7 +12,9 @@
 //! missing from the modules bucket or one that does not hash to its name
 //! is refused like a component that does not load: reported once, counted
 //! (`idem_deploy_refused_total`), the running version kept. A host without
-//! `[deploy] trusted_keys` follows nothing.
+//! `[deploy] trusted_keys` follows nothing. A record put in place raises
+//! the handler's high-water mark in the database
+//! ([`DeployStore::raise_mark`]).
 
 use super::record::Deployment;
 use super::store::{Current, DeployStore};
@@ -81,7 +83,7 @@ pub async fn apply(
     let judged = match store.believe(&handler.name, current).await {
         Ok(judged) => judged,
         Err(e) => {
-            tracing::debug!(handler = %handler.name, error = %format!("{e:#}"), "cannot read the deployments bucket; trying again later");
+            tracing::debug!(handler = %handler.name, error = %format!("{e:#}"), "cannot judge the deployment record; trying again later");
             return Err(format!("{e:#}"));
         }
     };
@@ -135,6 +137,7 @@ async fn put_in_place(
         // The record names what runs: nothing is refused any more.
         handler.slot.clear_refused();
         store.trust().running_now(&handler.name, revision);
+        store.raise_mark(&handler.name, revision, deployment).await;
         return Ok(Installed::Unchanged);
     }
     // A refused version is tried again once its refusal is older than
@@ -170,6 +173,7 @@ async fn put_in_place(
     match installed {
         Ok(installed) => {
             store.trust().running_now(&handler.name, revision);
+            store.raise_mark(&handler.name, revision, deployment).await;
             if let Installed::Swapped { .. } = &installed {
                 tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");
             }

@@ -4,7 +4,8 @@
 //! ```json
 //! {"digest":"9f2c…","previous":"41aa…","deployed_at":"2026-12-01T11:30:00Z",
 //!  "note":"fix rounding","size":151220,"by":"ana@build-3",
-//!  "handler":"credit-projector","replaces":41,"signer":"MB…","signature":"9a0c…"}
+//!  "handler":"credit-projector","replaces":41,"sequence":1764588600000,
+//!  "signer":"MB…","signature":"9a0c…"}
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -17,7 +18,11 @@ pub const MAX_NOTE_BYTES: usize = 1024;
 pub const MAX_BY_BYTES: usize = 256;
 /// What a deployment's signature is made over, first: a signature made for
 /// anything else (a host's report, say) never reads as a deployment's.
+/// A record without a sequence (written before sequences) is signed
+/// under the first context, one with a sequence under the second.
 const SIGNED_CONTEXT: &str = "idem-deployment/1";
+/// [`SIGNED_CONTEXT`] for a record that carries a sequence.
+const SIGNED_CONTEXT_SEQUENCED: &str = "idem-deployment/2";
 
 /// One deployment of a handler.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +52,14 @@ pub struct Deployment {
     /// none). `idem deploy` records with a compare-and-set on it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replaces: u64,
+    /// The handler's deployment sequence: larger than that of every
+    /// deployment of the handler before it, whatever the broker keeps
+    /// (`idem deploy` takes the larger of the last signed sequence + 1 and
+    /// its clock in Unix milliseconds). Hosts keep the highest they ran in
+    /// their database and never run a lower one (ARCHITECTURE.md, "Signed
+    /// deploys"). 0: a record from before sequences.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sequence: u64,
     /// The public key of the deploy key that signed it (`M…`), empty when
     /// unsigned.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -67,7 +80,8 @@ impl Deployment {
     /// # Errors
     /// One line: the value is over [`MAX_RECORD_BYTES`], not this JSON, its
     /// digest (or previous) is not 64 lowercase hex digits (as anything but
-    /// `idem deploy` might write), or its note or `by` is too long.
+    /// `idem deploy` might write), its sequence is over `i64::MAX` (what a
+    /// database column holds), or its note or `by` is too long.
     pub fn parse(value: &[u8]) -> Result<Self, String> {
         if value.len() > MAX_RECORD_BYTES {
             return Err(format!(
@@ -75,8 +89,8 @@ impl Deployment {
                 value.len()
             ));
         }
-        let d: Deployment =
-            serde_json::from_slice(value).map_err(|e| format!("not a deployment record ({e})"))?;
+        let d: Deployment = serde_json::from_slice(value)
+            .map_err(|e| format!("not a deployment record ({})", bounded(&e.to_string())))?;
         for digest in std::iter::once(&d.digest).chain(&d.previous) {
             if !is_digest(digest) {
                 return Err(format!(
@@ -84,6 +98,13 @@ impl Deployment {
                     bounded(digest)
                 ));
             }
+        }
+        if i64::try_from(d.sequence).is_err() {
+            return Err(format!(
+                "not a deployment record (sequence {} over {})",
+                d.sequence,
+                i64::MAX
+            ));
         }
         if d.note.len() > MAX_NOTE_BYTES || d.by.len() > MAX_BY_BYTES {
             return Err(format!(
@@ -101,8 +122,24 @@ impl Deployment {
 
     /// What the signature is made over: every field but the signature, with
     /// the handler, in a fixed order (a JSON array), after a context string
-    /// of its own.
+    /// of its own (one for records with a sequence, one for those without).
     pub fn signed_bytes(&self) -> Vec<u8> {
+        if self.sequence != 0 {
+            return serde_json::to_vec(&(
+                SIGNED_CONTEXT_SEQUENCED,
+                &self.handler,
+                &self.digest,
+                self.size,
+                self.replaces,
+                self.sequence,
+                &self.previous,
+                &self.deployed_at,
+                &self.note,
+                &self.by,
+                &self.signer,
+            ))
+            .unwrap_or_default();
+        }
         serde_json::to_vec(&(
             SIGNED_CONTEXT,
             &self.handler,
@@ -162,6 +199,7 @@ mod tests {
             by: "ana@b".into(),
             handler: String::new(),
             replaces: 0,
+            sequence: 0,
             signer: String::new(),
             signature: String::new(),
         }
@@ -182,6 +220,7 @@ mod tests {
         let signed = Deployment {
             handler: "h".into(),
             replaces: 41,
+            sequence: 1_764_588_600_000,
             signer: "MX".into(),
             signature: "00".into(),
             ..d.clone()
@@ -246,6 +285,10 @@ mod tests {
                 ..d.clone()
             },
             Deployment {
+                sequence: 1,
+                ..d.clone()
+            },
+            Deployment {
                 previous: Some("c".repeat(64)),
                 ..d.clone()
             },
@@ -286,5 +329,28 @@ mod tests {
             ..d.clone()
         };
         assert_eq!(signed.signed_bytes(), base);
+        // With a sequence: another context, and the sequence is signed.
+        let sequenced = Deployment {
+            sequence: 7,
+            ..d.clone()
+        };
+        let bytes = String::from_utf8(sequenced.signed_bytes()).unwrap();
+        assert!(
+            bytes.starts_with("[\"idem-deployment/2\",\"h\","),
+            "{bytes}"
+        );
+        assert!(
+            String::from_utf8(base)
+                .unwrap()
+                .starts_with("[\"idem-deployment/1\",")
+        );
+        assert_ne!(
+            Deployment {
+                sequence: 8,
+                ..sequenced.clone()
+            }
+            .signed_bytes(),
+            sequenced.signed_bytes()
+        );
     }
 }

@@ -7,8 +7,9 @@
 //! on the history read here.
 
 use super::record::{Deployment, is_digest};
-use super::trust::{Chain, Refused, Trust};
+use super::trust::{Chain, Mark, Refused, Trust};
 use crate::config::DeployConfig;
+use crate::store::Database;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv, object_store};
 use futures::TryStreamExt as _;
@@ -38,6 +39,9 @@ pub struct DeployStore {
     /// history per key, and no entry expires (else a key's first kept
     /// entry can never be shown to be its first).
     history_kept: Option<i64>,
+    /// The database holding the handlers' high-water marks
+    /// ([`DeployStore::with_marks`]); `None`: none is read or raised.
+    marks: Option<Arc<Database>>,
 }
 
 /// A handler's history in the deployments bucket: the revisions of every
@@ -147,7 +151,58 @@ impl DeployStore {
             names: names.clone(),
             trust: Arc::new(trust),
             history_kept,
+            marks: None,
         })
+    }
+
+    /// This store, reading and raising the handlers' high-water marks in
+    /// `db` (the hosts' database): what a host, `idem replay` and `idem
+    /// dlq redrive` use, so none of them runs a record below the mark.
+    pub fn with_marks(mut self, db: Arc<Database>) -> Self {
+        self.marks = Some(db);
+        self
+    }
+
+    /// `handler`'s high-water mark; `None` when it has none, or this store
+    /// reads no database.
+    ///
+    /// # Errors
+    /// One line: the database did not answer.
+    pub async fn mark(&self, handler: &str) -> anyhow::Result<Option<Mark>> {
+        let Some(db) = &self.marks else {
+            return Ok(None);
+        };
+        let row = db.deploy_mark(handler).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read the deployment high-water mark of `{handler}` in the database: {}",
+                super::record::escaped(&e.to_string(), 300)
+            )
+        })?;
+        Ok(row.map(|r| Mark {
+            sequence: r.sequence,
+            revision: r.revision,
+            record: Deployment::parse(r.record.as_bytes()),
+        }))
+    }
+
+    /// Raises `handler`'s high-water mark to `deployment` (believed, and
+    /// put in place from `revision`) unless this host did already. A
+    /// database that does not answer is logged; the next check raises it.
+    pub async fn raise_mark(&self, handler: &str, revision: u64, deployment: &Deployment) {
+        let Some(db) = &self.marks else { return };
+        if deployment.sequence == 0 || self.trust.marked(handler, deployment.sequence) {
+            return;
+        }
+        let record = String::from_utf8_lossy(&deployment.to_value()).into_owned();
+        match db
+            .raise_deploy_mark(handler, deployment.sequence, revision, &record)
+            .await
+        {
+            Ok(_) => self.trust.mark_at(handler, deployment.sequence),
+            Err(e) => {
+                tracing::warn!(handler = %handler, error = %super::record::escaped(&e.to_string(), 300), "cannot raise the deployment high-water mark in the database; trying again at the next check");
+            }
+        }
     }
 
     /// The trusted deploy keys and what this host believed last.
@@ -230,13 +285,14 @@ impl DeployStore {
     }
 
     /// Whether to believe `current`, `handler`'s latest record
-    /// ([`Trust::check`] on its history, and not behind what this host
-    /// runs, [`Trust::not_behind`]). The judgement of a revision is
-    /// remembered, so a record's history is read once.
+    /// ([`Trust::check`] on its history, not behind what this host runs,
+    /// [`Trust::not_behind`], and not below the handler's high-water mark,
+    /// [`Trust::not_below`]). The judgement of a revision is remembered, so
+    /// a record's history is read once; the mark is read each time.
     ///
     /// # Errors
-    /// The history cannot be read (the broker did not answer): nothing is
-    /// judged, try again later.
+    /// The history or the mark cannot be read (the broker or the database
+    /// did not answer): nothing is judged, try again later.
     pub async fn believe(
         &self,
         handler: &str,
@@ -251,10 +307,40 @@ impl DeployStore {
                 judged
             }
         };
-        Ok(judged.and_then(|d| {
+        let d = match judged.and_then(|d| {
             self.trust
                 .not_behind(handler, current.revision, d.replaces)
                 .map(|()| d)
+        }) {
+            Ok(d) => d,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let mark = self.mark(handler).await?;
+        Ok(Trust::not_below(&d, mark.as_ref()).map(|()| d))
+    }
+
+    /// What `handler`'s hosts run when they start now: the latest record
+    /// of `history` to believe that is not below the handler's high-water
+    /// mark, else the mark's own record. What `idem deploy` takes as the
+    /// previous version (and `--rollback` goes back from) and `idem
+    /// status` shows as deployed.
+    ///
+    /// # Errors
+    /// The mark cannot be read (the database did not answer).
+    pub async fn deployed(
+        &self,
+        handler: &str,
+        history: &History,
+    ) -> anyhow::Result<Option<Deployment>> {
+        let mark = self.mark(handler).await?;
+        let latest = history.records.iter().rev().find_map(|c| {
+            let d = self.believe_in(handler, c, history).ok()?;
+            Trust::not_below(&d, mark.as_ref()).ok().map(|()| d)
+        });
+        Ok(latest.or_else(|| {
+            let m = mark?;
+            let d = self.trust.check_signed(handler, &m.record).ok()?;
+            (d.sequence == m.sequence).then_some(d)
         }))
     }
 

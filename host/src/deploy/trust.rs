@@ -10,8 +10,13 @@
 //! another key, or put again later, is refused; and, on a host that
 //! already runs a believed record, only when it replaces that record or a
 //! later entry, so even a history someone pruned cannot take a host back.
+//! Above the broker's revisions, which whoever may write the bucket can cut
+//! or start over, stands the record's signed sequence: a host never runs a
+//! record whose sequence is below its handler's high-water mark, the
+//! highest any host of its database put in place ([`Mark`],
+//! [`Trust::not_below`]).
 //! The decisions here are pure ([`Trust::check`], [`Chain`]); the broker
-//! reads are [`super::store::DeployStore`]'s.
+//! and database reads are [`super::store::DeployStore`]'s.
 
 use super::keys::{self, Role};
 use super::record::Deployment;
@@ -114,6 +119,24 @@ impl Chain {
     }
 }
 
+/// A handler's deployment high-water mark, as its hosts' database keeps
+/// it: the highest sequence a host put in place, and that record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// The sequence ([`Deployment::sequence`]).
+    pub sequence: u64,
+    /// The KV revision the record stood at.
+    pub revision: u64,
+    /// The record (signature included), or why the stored text is not one.
+    pub record: Result<Deployment, String>,
+}
+
+impl Mark {
+    fn signature(&self) -> Option<&str> {
+        self.record.as_ref().ok().map(|d| d.signature.as_str())
+    }
+}
+
 /// The trusted deploy keys, and per handler what this host believed last.
 #[derive(Debug, Default)]
 pub struct Trust {
@@ -128,6 +151,8 @@ struct Seen {
     running: u64,
     /// The last revision checked and what came of it.
     checked: Option<(u64, Result<Deployment, Refused>)>,
+    /// The highest sequence this host raised the mark to (or found it at).
+    marked: u64,
 }
 
 impl Trust {
@@ -162,6 +187,40 @@ impl Trust {
         handler: &str,
         parsed: &Result<Deployment, String>,
         before: Before,
+    ) -> Result<Deployment, Refused> {
+        let d = self.check_signed(handler, parsed)?;
+        let stands = match before {
+            Before::Revision(r) => r == d.replaces,
+            Before::Nothing => d.replaces == 0,
+            Before::Unknown => false,
+        };
+        if !stands {
+            let was = match before {
+                Before::Revision(r) => format!("revision {r}"),
+                Before::Nothing => "nothing".to_owned(),
+                Before::Unknown => "not known (the history was cut)".to_owned(),
+            };
+            return Err(refused(
+                Refusal::Replayed,
+                format!(
+                    "the deployment record was signed to replace revision {}, but what stands before it is {was}: a copy put again",
+                    d.replaces
+                ),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// [`Trust::check`] but where the record stands: parsed, signed by a
+    /// trusted key, for `handler` (for a record read from elsewhere than
+    /// the bucket's history, such as a [`Mark`]'s).
+    ///
+    /// # Errors
+    /// The first check that fails, as a [`Refused`].
+    pub fn check_signed(
+        &self,
+        handler: &str,
+        parsed: &Result<Deployment, String>,
     ) -> Result<Deployment, Refused> {
         let d = parsed
             .as_ref()
@@ -199,26 +258,48 @@ impl Trust {
                 ),
             ));
         }
-        let stands = match before {
-            Before::Revision(r) => r == d.replaces,
-            Before::Nothing => d.replaces == 0,
-            Before::Unknown => false,
-        };
-        if !stands {
-            let was = match before {
-                Before::Revision(r) => format!("revision {r}"),
-                Before::Nothing => "nothing".to_owned(),
-                Before::Unknown => "not known (the history was cut)".to_owned(),
-            };
-            return Err(refused(
-                Refusal::Replayed,
-                format!(
-                    "the deployment record was signed to replace revision {}, but what stands before it is {was}: a copy put again",
-                    d.replaces
-                ),
-            ));
-        }
         Ok(d.clone())
+    }
+
+    /// Whether `d` (believed) stands at or above `mark`, the handler's
+    /// high-water mark: a higher sequence, or the very record the mark
+    /// holds. Without a mark every record does; with one, a record without
+    /// a sequence never does.
+    ///
+    /// # Errors
+    /// [`Refusal::Replayed`].
+    pub fn not_below(d: &Deployment, mark: Option<&Mark>) -> Result<(), Refused> {
+        let Some(mark) = mark else { return Ok(()) };
+        if d.sequence > mark.sequence
+            || (d.sequence == mark.sequence && mark.signature() == Some(d.signature.as_str()))
+        {
+            return Ok(());
+        }
+        Err(refused(
+            Refusal::Replayed,
+            format!(
+                "the deployment record's sequence {} is not above {}, the highest this handler's hosts ran (the database's high-water mark): an older record put again",
+                d.sequence, mark.sequence
+            ),
+        ))
+    }
+
+    /// Whether this host raised (or found) `handler`'s mark at `sequence`
+    /// or higher already.
+    pub fn marked(&self, handler: &str, sequence: u64) -> bool {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.get(handler).map(|s| s.marked >= sequence))
+            .unwrap_or(false)
+    }
+
+    /// Notes that `handler`'s mark is at `sequence` or higher.
+    pub fn mark_at(&self, handler: &str, sequence: u64) {
+        if let Ok(mut state) = self.state.lock() {
+            let seen = state.entry(handler.to_owned()).or_default();
+            seen.marked = seen.marked.max(sequence);
+        }
     }
 
     /// What was decided for `handler` at `revision`, if that is the
@@ -301,6 +382,7 @@ mod tests {
             by: "ana@b".into(),
             handler: String::new(),
             replaces,
+            sequence: 0,
             signer: String::new(),
             signature: String::new(),
         }
@@ -427,5 +509,65 @@ mod tests {
         assert_eq!(trust.remembered("h", 8), Some(ok));
         assert_eq!(trust.remembered("h", 9), None);
         assert_eq!(trust.remembered("g", 8), None);
+    }
+
+    fn sequenced(key: &KeyPair, sequence: u64) -> Deployment {
+        let mut d = Deployment {
+            sequence,
+            ..record(4)
+        };
+        sign(key, "h", &mut d).unwrap();
+        d
+    }
+
+    fn mark_of(d: &Deployment) -> Mark {
+        Mark {
+            sequence: d.sequence,
+            revision: 9,
+            record: Ok(d.clone()),
+        }
+    }
+
+    #[test]
+    fn nothing_below_the_high_water_mark_is_believed() {
+        let k = KeyPair::new_module();
+        let (old, at, new) = (sequenced(&k, 10), sequenced(&k, 20), sequenced(&k, 30));
+        let mark = mark_of(&at);
+        // No mark: any sequence, and a record from before sequences.
+        assert!(Trust::not_below(&old, None).is_ok());
+        assert!(Trust::not_below(&record(4), None).is_ok());
+        // The mark's own record, and anything above it.
+        assert!(Trust::not_below(&at, Some(&mark)).is_ok());
+        assert!(Trust::not_below(&new, Some(&mark)).is_ok());
+        // Below it, at it with another signature, or without a sequence.
+        for d in [&old, &sequenced(&KeyPair::new_module(), 20), &record(4)] {
+            let e = Trust::not_below(d, Some(&mark)).unwrap_err();
+            assert_eq!(e.reason, Refusal::Replayed, "{d:?}");
+        }
+        assert_eq!(
+            Trust::not_below(&old, Some(&mark)).unwrap_err().detail,
+            "the deployment record's sequence 10 is not above 20, the highest this handler's hosts ran (the database's high-water mark): an older record put again"
+        );
+        // A mark whose stored record is not one still bounds the sequence.
+        let broken = Mark {
+            record: Err("x".into()),
+            ..mark.clone()
+        };
+        assert!(Trust::not_below(&at, Some(&broken)).is_err());
+        assert!(Trust::not_below(&new, Some(&broken)).is_ok());
+        // The signature check alone, without a place in a history.
+        let trust = Trust::new(&[k.public_key()]).unwrap();
+        assert_eq!(trust.check_signed("h", &Ok(at.clone())).unwrap(), at);
+        assert_eq!(
+            trust.check_signed("g", &Ok(at.clone())).unwrap_err().reason,
+            Refusal::OtherHandler
+        );
+        // What this host raised the mark to.
+        assert!(!trust.marked("h", 20));
+        trust.mark_at("h", 20);
+        trust.mark_at("h", 10);
+        assert!(trust.marked("h", 20));
+        assert!(!trust.marked("h", 21));
+        assert!(!trust.marked("g", 1));
     }
 }

@@ -78,7 +78,11 @@ impl Host {
         // pulls and heartbeats on the main one.
         let deploy = if config.deploy.follow {
             let own = broker::connect(&config.broker).await?;
-            Some(crate::deploy::store::DeployStore::open(&own.js, &config.deploy).await?)
+            Some(
+                crate::deploy::store::DeployStore::open(&own.js, &config.deploy)
+                    .await?
+                    .with_marks(db.clone()),
+            )
         } else {
             None
         };

@@ -26,6 +26,9 @@
 //!   `(consumer, stream, stream_sequence, published_ns)` so that dead-lettering
 //!   one delivery twice writes one row, and a stream created again (sequences
 //!   start over) never collides with an earlier one's rows.
+//! - `idem_deploy_marks(handler, sequence, revision, record)`, primary key
+//!   `handler`: the highest deployment sequence a host put in place and
+//!   its record (module `deploy_marks`); it only rises.
 //! - `idem_migrations_<handler>`: sqlx's migration record, one table per handler.
 //!
 //! Guest statements run inside a savepoint (`idem_stmt`) of the message's
@@ -38,6 +41,7 @@ mod admin;
 pub mod advisory;
 mod batch;
 mod dead_letters;
+pub(crate) mod deploy_marks;
 mod durability;
 mod error;
 mod postgres;

@@ -5,6 +5,7 @@
 
 mod batch;
 pub(super) mod codes;
+mod deploy_marks;
 mod durability;
 mod role;
 mod schema;

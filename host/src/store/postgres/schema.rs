@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// runs right after it.
 const RECEIPTS_DDL: usize = 0;
 
-const HOST_TABLES: [&str; 8] = [
+const HOST_TABLES: [&str; 9] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -23,6 +23,13 @@ const HOST_TABLES: [&str; 8] = [
     // Superseded by the index above; they only cost inserts.
     "DROP INDEX IF EXISTS idem_receipts_processed_at",
     "DROP INDEX IF EXISTS idem_receipts_consumer_processed_at",
+    // Deployment high-water marks (store::deploy_marks).
+    "CREATE TABLE IF NOT EXISTS idem_deploy_marks (
+        handler TEXT PRIMARY KEY,
+        sequence BIGINT NOT NULL,
+        revision BIGINT NOT NULL,
+        record TEXT NOT NULL
+    )",
     "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id BIGSERIAL PRIMARY KEY,
         consumer TEXT NOT NULL,

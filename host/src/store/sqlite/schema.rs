@@ -10,7 +10,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 6] = [
+const HOST_TABLES: [&str; 7] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -49,6 +49,13 @@ const HOST_TABLES: [&str; 6] = [
     ),
     "CREATE UNIQUE INDEX IF NOT EXISTS idem_dead_letters_delivery
         ON idem_dead_letters (consumer, stream, stream_sequence, published_ns)",
+    // Deployment high-water marks (store::deploy_marks).
+    "CREATE TABLE IF NOT EXISTS idem_deploy_marks (
+        handler TEXT PRIMARY KEY,
+        sequence INTEGER NOT NULL,
+        revision INTEGER NOT NULL,
+        record TEXT NOT NULL
+    )",
 ];
 
 /// Where `idem_dead_letters` is created in [`HOST_TABLES`].
