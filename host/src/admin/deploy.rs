@@ -202,17 +202,14 @@ fn next_sequence(store: &DeployStore, handler: &str, history: &History, mark: u6
 
 /// `store` reading the hosts' high-water marks in `config`'s database
 /// when it can be reached (`idem deploy` may run where it cannot: then
-/// the bucket alone decides, and a note says so on stderr).
+/// the bucket alone decides, and a warning in the log says so).
 async fn with_marks(config: &Config, store: DeployStore) -> DeployStore {
     match crate::store::Database::connect_existing(&config.database.url, 1, config.lock_wait())
         .await
     {
         Ok(db) => store.with_marks(Arc::new(db)),
         Err(e) => {
-            eprintln!(
-                "note: the hosts' deployment high-water marks are not read ({}); what is deployed is judged from the deployments bucket alone",
-                escaped(&format!("{e:#}"), 300)
-            );
+            tracing::warn!(error = %escaped(&format!("{e:#}"), 300), "the hosts' deployment high-water marks are not read; what is deployed is judged from the deployments bucket alone");
             store
         }
     }
