@@ -13,6 +13,8 @@
 
 use idem::config::DeployConfig;
 use idem::deploy::Deployment;
+use idem::deploy::heartbeat::HostReport;
+use idem::deploy::keys::{Role, read_seed};
 use idem::deploy::store::DeployStore;
 use idem_tests::chaos::HostProcess;
 use idem_tests::deploy_keys::{DeployKeys, trust_in};
@@ -666,7 +668,9 @@ fn keygen_writes_a_private_seed_and_deploy_refuses_a_readable_one() {
 /// it), and a real host's signed report copied under another name and
 /// edited: `idem status` marks both unverified; `idem deploy --wait`
 /// counts only the real host and names what it ignored. With no
-/// `trusted_hosts`, every report is marked unverified.
+/// `trusted_hosts`, every report is marked unverified. A report the real
+/// host's key signed long ago, put back after it stopped, is stale:
+/// unverified, and no success for `--wait`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_reports_of_trusted_hosts_count() {
     let nats = Nats::start();
@@ -776,7 +780,9 @@ async fn only_reports_of_trusted_hosts_count() {
     host.stop().await;
 
     // The real host gone, only unverified reports are left: with
-    // `trusted_hosts`, that is never success.
+    // `trusted_hosts`, that is never success. One of them is the real
+    // host's, signed by its key long ago and put back now: a signature
+    // says who, not when, so the broker's time of storing judges it.
     for key in ["copy-1", "ghost-1"] {
         hosts.delete(key).await.unwrap();
     }
@@ -786,6 +792,32 @@ async fn only_reports_of_trusted_hosts_count() {
         .put("ghost-2", serde_json::to_vec(&ghost).unwrap().into())
         .await
         .unwrap();
+    let mut old: HostReport = serde_json::from_slice(&value).unwrap();
+    old.reported_at = "2026-01-01T00:00:00Z".into();
+    old.sign(&read_seed(&keys.host_seed, Role::Host).unwrap())
+        .unwrap();
+    assert!(
+        old.verified(
+            &real,
+            &[nkeys::KeyPair::from_public_key(&keys.host_public).unwrap()]
+        ),
+        "the signature itself holds"
+    );
+    hosts
+        .put(&real, serde_json::to_vec(&old).unwrap().into())
+        .await
+        .unwrap();
+    let (code, out, err) = idem_cli(&["status", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    let stale = format!("{real} [unverified: stale report] rep {d1} (deployed: {d2}) in_flight=");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with(&stale)).count(),
+        1,
+        "{stale}: {out}"
+    );
+    let mut ignored = [real.clone(), "ghost-2".to_owned()];
+    ignored.sort();
     let (code, _, err) = deploy(
         &keys,
         &cfg,
@@ -801,7 +833,11 @@ async fn only_reports_of_trusted_hosts_count() {
         (code, err.as_str()),
         (
             1,
-            "idem: after 2s, no host whose report is signed by a key of [deploy] trusted_hosts runs `rep` (ignored 1 unverified report(s): ghost-2); check that the hosts run with a [deploy] host_key this config trusts\n"
+            format!(
+                "idem: after 2s, no host whose report is signed by a key of [deploy] trusted_hosts runs `rep` (ignored 2 unverified report(s): {}); check that the hosts run with a [deploy] host_key this config trusts\n",
+                ignored.join(", ")
+            )
+            .as_str()
         )
     );
 }

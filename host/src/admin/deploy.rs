@@ -350,8 +350,14 @@ const MAX_REPORT_BYTES: usize = 256 * 1024;
 pub(super) struct Report {
     /// The report as read from the hosts bucket.
     pub report: HostReport,
-    /// Whether a trusted host key signed it, under its own name.
+    /// Whether a trusted host key signed it, under its own name, and the
+    /// broker stored it soon enough after it was made
+    /// ([`HostReport::fresh`]).
     pub verified: bool,
+    /// Signed by a trusted key but made too long before the broker stored
+    /// it: put back after its host stopped, or from a host whose clock is
+    /// far behind.
+    pub stale: bool,
 }
 
 /// Every live host's report, by host id.
@@ -368,12 +374,20 @@ pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> 
     };
     let mut reports = Vec::new();
     for key in keys {
-        if let Ok(Some(value)) = store.hosts().get(&key).await
-            && value.len() <= MAX_REPORT_BYTES
-            && let Ok(report) = serde_json::from_slice::<HostReport>(&value)
+        if let Ok(Some(entry)) = store.hosts().entry(&key).await
+            && entry.operation == async_nats::jetstream::kv::Operation::Put
+            && entry.value.len() <= MAX_REPORT_BYTES
+            && let Ok(report) = serde_json::from_slice::<HostReport>(&entry.value)
         {
-            let verified = report.verified(&key, &trusted);
-            reports.push(Report { report, verified });
+            let stored_ms =
+                i64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+            let signed = report.verified(&key, &trusted);
+            let fresh = report.fresh(stored_ms);
+            reports.push(Report {
+                report,
+                verified: signed && fresh,
+                stale: signed && !fresh,
+            });
         }
     }
     reports.sort_by(|a, b| a.report.host.cmp(&b.report.host));
@@ -400,11 +414,14 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     for Report {
         report: r,
         verified,
+        stale,
     } in reports
     {
-        // Shown as verified only when a trusted host key signed it.
+        // Shown as verified only when a trusted host key signed it lately.
         let host = if verified {
             bounded(&r.host)
+        } else if stale {
+            format!("{} [unverified: stale report]", bounded(&r.host))
         } else {
             format!("{} [unverified]", bounded(&r.host))
         };

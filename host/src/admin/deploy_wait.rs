@@ -87,6 +87,7 @@ pub async fn wait_for_hosts(
         for Report {
             report: r,
             verified,
+            ..
         } in reports(store).await?
         {
             let host = bounded(&r.host);

@@ -10,6 +10,10 @@
 //! with `[deploy] host_key` signs its reports ([`HostReport::sign`]), and
 //! `idem status` and `idem deploy --wait` tell a report signed by a key of
 //! `[deploy] trusted_hosts` ([`HostReport::verified`]) from any other.
+//! A signature proves who wrote a report, not when: a writer could put a
+//! dead host's last signed report back. So a report is also judged fresh
+//! ([`HostReport::fresh`]) by the time the broker stored it, which the
+//! writer does not choose, against the signed time it was made.
 
 use super::store::DeployStore;
 use crate::metrics::HandlerStats;
@@ -44,6 +48,12 @@ pub struct HostReport {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
 }
+
+/// The most a fresh report's signed `reported_at` may lie before the time
+/// the broker stored it: the bucket's entry lifetime
+/// ([`super::store::HOST_REPORT_TTL`]) plus this much for the host's clock
+/// being behind the broker's.
+pub const CLOCK_TOLERANCE: Duration = Duration::from_secs(10);
 
 /// What a report's signature is made over, first.
 const SIGNED_CONTEXT: &str = "idem-host-report/1";
@@ -81,6 +91,22 @@ impl HostReport {
                 k.public_key() == self.signer
                     && super::keys::verifies(k, &self.signed_bytes(), &self.signature)
             })
+    }
+}
+
+impl HostReport {
+    /// Whether the report was made recently enough before `stored_ms`, the
+    /// broker's time (Unix ms) when its bucket entry was written: its
+    /// signed `reported_at` is at most [`super::store::HOST_REPORT_TTL`] +
+    /// [`CLOCK_TOLERANCE`] earlier. A report put back after its host
+    /// stopped is stale within that time; one with an unreadable
+    /// `reported_at` is never fresh. A time ahead of the broker's is fresh
+    /// (a host clock ahead is no replay).
+    pub fn fresh(&self, stored_ms: i64) -> bool {
+        let limit = (super::store::HOST_REPORT_TTL + CLOCK_TOLERANCE).as_millis();
+        crate::broker::clock::parse_ts(&self.reported_at).is_some_and(|made| {
+            stored_ms.saturating_sub(made) <= i64::try_from(limit).unwrap_or(i64::MAX)
+        })
     }
 }
 
@@ -286,5 +312,20 @@ mod tests {
         let mut theirs = report("a-1");
         theirs.sign(&other).unwrap();
         assert!(!theirs.verified("a-1", &trusted));
+    }
+
+    #[test]
+    fn a_report_is_fresh_only_within_the_entry_lifetime_and_tolerance_of_its_storing() {
+        // Made at 2026-12-01T00:00:03Z.
+        let made = 1_796_083_203_000_i64;
+        let r = report("a-1");
+        assert!(r.fresh(made));
+        assert!(r.fresh(made - 60_000), "a host clock ahead is no replay");
+        assert!(r.fresh(made + 25_000));
+        assert!(!r.fresh(made + 25_001), "15 s lifetime + 10 s tolerance");
+        assert!(!r.fresh(made + 3_600_000));
+        let mut garbled = r.clone();
+        garbled.reported_at = "yesterday".into();
+        assert!(!garbled.fresh(made));
     }
 }
