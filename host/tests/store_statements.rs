@@ -61,20 +61,39 @@ fn text(s: &str) -> SqlValue {
     SqlValue::Text(s.to_string())
 }
 
-/// Runs `body` on a fresh PostgreSQL connection and on a fresh SQLite file.
-macro_rules! on_both {
-    ($pg:ident, $lite:ident, $body:ident) => {
-        #[tokio::test]
-        async fn $pg() {
-            let db = Database::connect(&pg_url(), 4).await.unwrap();
-            $body(&db, &unique("st")).await;
-        }
-        #[tokio::test]
-        async fn $lite() {
+/// A fresh database of `kind`: a pool on the PostgreSQL of `pg_url()`, or
+/// a SQLite file in a temporary directory (which the second value keeps).
+async fn fresh(kind: DbKind) -> (Database, Option<tempfile::TempDir>) {
+    match kind {
+        DbKind::Postgres => (Database::connect(&pg_url(), 4).await.unwrap(), None),
+        DbKind::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-            let db = Database::connect(&url, 4).await.unwrap();
-            $body(&db, &unique("st")).await;
+            (Database::connect(&url, 4).await.unwrap(), Some(dir))
+        }
+    }
+}
+
+/// Runs `body` on a fresh database of every kind the tests run on
+/// ([`idem_test_support::with_backends!`]): tests `NAME::postgres`,
+/// `NAME::sqlite`.
+macro_rules! on_both {
+    ($name:ident, $body:ident) => {
+        idem_test_support::with_backends!([on_each_backend] $name, $body);
+    };
+}
+
+/// [`on_both!`]'s expansion, given the list of databases.
+macro_rules! on_each_backend {
+    ($([$module:ident $variant:ident])* $name:ident, $body:ident) => {
+        mod $name {
+            $(
+                #[tokio::test]
+                async fn $module() {
+                    let (db, _dir) = super::fresh(super::DbKind::$variant).await;
+                    super::$body(&db, &super::unique("st")).await;
+                }
+            )*
         }
     };
 }
@@ -103,11 +122,7 @@ async fn select_all(tx: &mut Tx, db: &Database, t: &str) -> Rows {
     tx.query(&q, &[], 100, MAX_BYTES).await.unwrap()
 }
 
-on_both!(
-    params_bind_by_number_pg,
-    params_bind_by_number_sqlite,
-    params_bind_by_number
-);
+on_both!(params_bind_by_number, params_bind_by_number);
 async fn params_bind_by_number(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
@@ -206,7 +221,7 @@ async fn params_bind_by_number(db: &Database, t: &str) {
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(values_decode_pg, values_decode_sqlite, values_decode);
+on_both!(values_decode, values_decode);
 async fn values_decode(db: &Database, t: &str) {
     let ddl = match db.kind() {
         DbKind::Postgres => format!(
@@ -341,7 +356,7 @@ async fn values_decode(db: &Database, t: &str) {
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(error_kinds_pg, error_kinds_sqlite, error_kinds);
+on_both!(error_kinds, error_kinds);
 async fn error_kinds(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
@@ -445,11 +460,7 @@ async fn error_kinds(db: &Database, t: &str) {
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(
-    receipt_survives_guest_errors_pg,
-    receipt_survives_guest_errors_sqlite,
-    receipt_survives_guest_errors
-);
+on_both!(receipt_survives_guest_errors, receipt_survives_guest_errors);
 /// A handler that catches a unique violation and returns ok: the receipt and
 /// its other writes commit (on PostgreSQL this needs the per-statement savepoint).
 async fn receipt_survives_guest_errors(db: &Database, t: &str) {
@@ -486,8 +497,7 @@ async fn receipt_survives_guest_errors(db: &Database, t: &str) {
 }
 
 on_both!(
-    savepoints_follow_each_statement_pg,
-    savepoints_follow_each_statement_sqlite,
+    savepoints_follow_each_statement,
     savepoints_follow_each_statement
 );
 /// Each statement's savepoint is released by the next statement or by
@@ -541,7 +551,7 @@ async fn savepoints_follow_each_statement(db: &Database, t: &str) {
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(row_limit_pg, row_limit_sqlite, row_limit);
+on_both!(row_limit, row_limit);
 async fn row_limit(db: &Database, t: &str) {
     create_table(db, t).await;
     let mut tx = db.begin().await.unwrap();
@@ -609,7 +619,7 @@ async fn row_limit(db: &Database, t: &str) {
     raw(db, &format!("DROP TABLE {t}")).await;
 }
 
-on_both!(byte_limit_pg, byte_limit_sqlite, byte_limit);
+on_both!(byte_limit, byte_limit);
 /// `max_bytes` bounds the values a query hands back (`SqlValue::size`
 /// summed): past it the query fails and a RETURNING statement is undone.
 async fn byte_limit(db: &Database, t: &str) {

@@ -83,3 +83,18 @@ pub fn unique(prefix: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// The databases every suite runs on: the one list a new database joins
+/// (ARCHITECTURE.md, "Adding a database"). `with_backends!([m] args…)`
+/// expands to `m! { [module Variant]… args… }`, one `[module Variant]` per
+/// database: `module` names its test (`x::postgres`, `x::sqlite`), and
+/// `Variant` is the database's variant in the caller's own enum (idem's
+/// `DbKind`, the integration tests' `Backend`). The macros that run a test
+/// on every database (`on_both_databases!` in `tests/src`, `on_both!` in
+/// `host/tests/store_statements.rs`) expand from it.
+#[macro_export]
+macro_rules! with_backends {
+    ([$($m:tt)+] $($args:tt)*) => {
+        $($m)+! { [postgres Postgres] [sqlite Sqlite] $($args)* }
+    };
+}

@@ -26,7 +26,7 @@ pub use arena::*;
 pub use db::*;
 pub use host::*;
 pub use idem_test_support::{
-    Nats, built, free_port, guest, nats_server_bin, pg_url, root, target_dir, unique,
+    Nats, built, free_port, guest, nats_server_bin, pg_url, root, target_dir, unique, with_backends,
 };
 pub use streams::*;
 
@@ -113,35 +113,28 @@ pub fn credit(event_id: &str, account: i64, amount: i64) -> String {
     serde_json::json!({"event_id": event_id, "account_id": account, "amount": amount}).to_string()
 }
 
-/// Expands to one `#[tokio::test]` per backend: `NAME_postgres`, `NAME_sqlite`.
-/// The long form adds attributes to one backend's test, e.g.
-/// `on_both_databases!(n, n, postgres: [], sqlite: [#[ignore = "bug: ..."]]);`
+/// Expands to one `#[tokio::test]` per database of
+/// [`idem_test_support::with_backends!`]: `NAME::postgres`, `NAME::sqlite`,
+/// each calling `BODY(Backend::…)`.
 #[macro_export]
 macro_rules! on_both_databases {
-    ($name:ident, $body:ident, postgres: [$(#[$pg:meta])*], sqlite: [$(#[$sq:meta])*]) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            $(#[$pg])*
-            async fn postgres() {
-                super::$body($crate::Backend::Postgres).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            $(#[$sq])*
-            async fn sqlite() {
-                super::$body($crate::Backend::Sqlite).await
-            }
-        }
-    };
     ($name:ident, $body:ident) => {
+        $crate::with_backends!([$crate::on_each_backend] $name, $body);
+    };
+}
+
+/// [`on_both_databases!`]'s expansion, given the list of databases.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! on_each_backend {
+    ($([$module:ident $variant:ident])* $name:ident, $body:ident) => {
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$body($crate::Backend::Postgres).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$body($crate::Backend::Sqlite).await
-            }
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $module() {
+                    super::$body($crate::Backend::$variant).await
+                }
+            )*
         }
     };
 }

@@ -4,7 +4,8 @@
 //! receipts. Both databases; times come back as Unix milliseconds read on
 //! the database's clock (the clock that wrote them).
 
-use super::{Database, DeadLetterRow, StoreError, Tx, dispatch, one_line, sqlite};
+use super::backend::{Pool as _, Transaction as _};
+use super::{Database, DbKind, DeadLetterRow, StoreError, Tx, dispatch, one_line, sqlite};
 use crate::secret::redact_url;
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ impl Database {
         max_connections: u32,
         lock_wait: Duration,
     ) -> anyhow::Result<Self> {
-        if url.starts_with("sqlite:") {
+        if DbKind::of_url(url) == Some(DbKind::Sqlite) {
             let file = sqlite::file_of(url).map_err(|e| {
                 anyhow::anyhow!(
                     "cannot connect to database {}: {}; check [database] url",

@@ -22,6 +22,7 @@
 //! [`Tx::take_conflict`] so that it can be run again without spending a
 //! delivery.
 
+use super::backend::{Batch as _, Pool as _, Transaction as _};
 use super::sql::{
     MESSAGE_SAVEPOINT, NEXT_MESSAGE_SAVEPOINT, NEXT_SAVEPOINT, RELEASED_MESSAGE_SAVEPOINT,
     SAVEPOINT, UNDO_MESSAGE,
@@ -45,7 +46,10 @@ impl super::Database {
     /// # Errors
     /// As [`super::Database::begin_bounded`].
     pub async fn begin_batch(&self, timeout: Duration) -> Result<Tx, StoreError> {
-        Ok(dispatch!(&self.0, b => b.begin_limited(timeout, Some(BATCH_LOCK_WAIT)).await)?)
+        Ok(dispatch!(&self.0, b, wrap => {
+            let tx = b.begin_limited(timeout, Some(BATCH_LOCK_WAIT)).await?;
+            Tx(wrap(tx), Savepoints::default())
+        }))
     }
 }
 

@@ -2,6 +2,7 @@
 //! own transaction before the message is termed (ARCHITECTURE.md, "The
 //! protocol", invariant 2). The operator's reads are in `admin`.
 
+use super::backend::Pool as _;
 use super::receipts::to_i64;
 use super::{Database, StoreError, dispatch};
 

@@ -4,6 +4,7 @@
 //! hold again can take a host back (ARCHITECTURE.md, "Signed deploys").
 //! The decision is [`crate::deploy::trust`]'s; this is the mechanism.
 
+use super::backend::Pool as _;
 use super::{Database, StoreError, dispatch};
 
 /// `$1`'s mark: sequence, KV revision, record JSON.

@@ -9,6 +9,7 @@
 //! connections (those that will commit receipts) at start and refuses
 //! them, or warns once when `[database] accept_non_durable_commit` is set.
 
+use super::backend::Pool as _;
 use super::{Database, dispatch};
 
 /// What one connection commits under, as the database reports it.

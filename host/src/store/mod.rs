@@ -1,17 +1,25 @@
 //! Transactions, receipts and dead letters: one implementation per database
-//! (`postgres`, `sqlite`), dispatched here so the pipeline is written once.
+//! (`postgres`, `sqlite`) behind one seam, so the pipeline is written once.
 //!
-//! The seam: [`Database`] and [`Tx`] each hold one backend's value (a
-//! `Backend`); every backend's pool and transaction types have the same set
-//! of inherent methods, and `dispatch!` calls the one that is there. Every
-//! piece of dialect SQL, every SQLSTATE and SQLite result code and every
-//! pool, connection and transaction type of the driver lives in the
-//! backend's module (`postgres/`, `sqlite/`); SQL
-//! that both dialects read alike is in `sql`. This module and `admin`,
-//! `retention`, `receipts`, `dead_letters`, `transaction`, `statement` and
-//! `error` hold only what is the same on every database. A new backend is a
-//! new module with those methods, a `Backend` variant, a [`DbKind`] and a
-//! URL scheme in [`Database::connect_with`].
+//! The seam is a set of traits (`backend`): a backend's pool
+//! (`backend::Pool`), transaction (`backend::Transaction`, with its batch
+//! side `backend::Batch`) and prune lock (`backend::PruneLock`), plus the
+//! optional capabilities with an "absent" default (role switching,
+//! PostgreSQL's catalog question, SQLite's compile hook). The dialect is the
+//! required methods; the operator's queries (dead letters, receipts, prune
+//! chunks, deployment marks) are provided methods written once over a few
+//! required primitives. [`Database`], [`Tx`] and [`PruneLock`] each hold one
+//! backend's value (a `Backend`), and `dispatch!` calls the trait method on
+//! whichever it is. [`SCHEMES`] is the one table that maps a URL to its
+//! database ([`DbKind`]).
+//!
+//! Every piece of dialect SQL, every SQLSTATE and SQLite result code and
+//! every pool, connection and transaction type of the driver lives in the
+//! backend's module (`postgres/`, `sqlite/`); SQL that both dialects read
+//! alike is in `sql`. This module and `admin`, `retention`, `receipts`,
+//! `dead_letters`, `transaction`, `statement` and `error` hold only what is
+//! the same on every database. ARCHITECTURE.md, "Adding a database", lists
+//! what a new backend brings.
 //!
 //! Host tables (created at start by [`Database::prepare_host_tables`], never
 //! reachable from a guest: the SQL guard refuses every `idem_*` name):
@@ -39,6 +47,7 @@
 
 mod admin;
 pub mod advisory;
+mod backend;
 mod batch;
 mod dead_letters;
 pub(crate) mod deploy_marks;
@@ -65,6 +74,7 @@ pub use crate::sql_value::{DbError, DbErrorKind, Rows, SqlValue, StatementError}
 
 use crate::secret::redact_url;
 use anyhow::Context as _;
+use backend::Pool as _;
 use sha2::Digest as _;
 use std::path::Path;
 use std::time::Duration;
@@ -72,13 +82,43 @@ use std::time::Duration;
 /// SQLite busy timeout used by [`Database::connect`].
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// Which database a URL names; also picks the SQL dialect the guard parses with.
+/// Which database a URL names ([`SCHEMES`]); also picks the SQL dialect the
+/// guard parses with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DbKind {
     /// PostgreSQL (`postgres://` or `postgresql://`).
     Postgres,
     /// SQLite (`sqlite://path` or `sqlite::memory:`).
     Sqlite,
+}
+
+/// The URL schemes idem connects to and the database each names: the one
+/// table that [`Database::connect_with`], and whatever else reads a URL's
+/// scheme, chooses a backend by. A URL names the database of the first
+/// prefix it starts with ([`DbKind::of_url`]).
+pub const SCHEMES: &[(&str, DbKind)] = &[
+    ("postgres://", DbKind::Postgres),
+    ("postgresql://", DbKind::Postgres),
+    ("sqlite:", DbKind::Sqlite),
+];
+
+impl DbKind {
+    /// The database `url` names by its scheme ([`SCHEMES`]); `None` for a
+    /// scheme idem does not connect to.
+    pub fn of_url(url: &str) -> Option<DbKind> {
+        SCHEMES
+            .iter()
+            .find(|(prefix, _)| url.starts_with(prefix))
+            .map(|&(_, kind)| kind)
+    }
+
+    /// The database's name, for messages: `PostgreSQL`, `SQLite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DbKind::Postgres => "PostgreSQL",
+            DbKind::Sqlite => "SQLite",
+        }
+    }
 }
 
 /// One value per backend: `P` on PostgreSQL, `S` on SQLite. [`Database`],
@@ -90,13 +130,27 @@ enum Backend<P, S> {
 }
 
 /// `$body` with `$b` bound to the backend value inside `$on` (a [`Backend`],
-/// by value or by reference). The backends' types have the same inherent
-/// methods, so `$body` is written once and type-checked once per backend.
+/// by value or by reference). `$body` calls the `backend` traits' methods,
+/// so it is written once and type-checked once per backend. In the second
+/// form `$wrap` is the variant's constructor, to put a value of the
+/// backend's own type (a transaction, a lock) back into a `Backend`.
 macro_rules! dispatch {
     ($on:expr, $b:ident => $body:expr) => {
         match $on {
             $crate::store::Backend::Postgres($b) => $body,
             $crate::store::Backend::Sqlite($b) => $body,
+        }
+    };
+    ($on:expr, $b:ident, $wrap:ident => $body:expr) => {
+        match $on {
+            $crate::store::Backend::Postgres($b) => {
+                let $wrap = $crate::store::Backend::Postgres;
+                $body
+            }
+            $crate::store::Backend::Sqlite($b) => {
+                let $wrap = $crate::store::Backend::Sqlite;
+                $body
+            }
         }
     };
 }
@@ -149,8 +203,8 @@ impl Database {
         Self::connect_with(url, max_connections, DEFAULT_LOCK_WAIT).await
     }
 
-    /// Opens a pool of up to `max_connections` to `url`: `postgres://…` /
-    /// `postgresql://…`, or `sqlite://path` (the file is created if missing;
+    /// Opens a pool of up to `max_connections` to `url` ([`SCHEMES`]):
+    /// `postgres://…` / `postgresql://…`, or `sqlite://path` (the file is created if missing;
     /// WAL journal, busy timeout `lock_wait`, `synchronous=FULL`, foreign keys on).
     /// `sqlite::memory:` uses one connection that is never closed.
     ///
@@ -166,19 +220,17 @@ impl Database {
         max_connections: u32,
         lock_wait: Duration,
     ) -> anyhow::Result<Self> {
-        let result = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            postgres::Pool::connect(url, max_connections)
+        let result = match DbKind::of_url(url) {
+            Some(DbKind::Postgres) => postgres::Pool::connect(url, max_connections, lock_wait)
                 .await
-                .map(Backend::Postgres)
-        } else if url.starts_with("sqlite:") {
-            sqlite::Pool::connect(url, max_connections, lock_wait)
+                .map(Backend::Postgres),
+            Some(DbKind::Sqlite) => sqlite::Pool::connect(url, max_connections, lock_wait)
                 .await
-                .map(Backend::Sqlite)
-        } else {
-            anyhow::bail!(
+                .map(Backend::Sqlite),
+            None => anyhow::bail!(
                 "cannot connect to database {}: unsupported scheme (use postgres://… or sqlite://…); check [database] url",
                 redact_url(url)
-            );
+            ),
         };
         result.map(Database).map_err(|e| {
             anyhow::anyhow!(
@@ -191,10 +243,7 @@ impl Database {
 
     /// Which database this is.
     pub fn kind(&self) -> DbKind {
-        match self.0 {
-            Backend::Postgres(_) => DbKind::Postgres,
-            Backend::Sqlite(_) => DbKind::Sqlite,
-        }
+        dispatch!(&self.0, b => b.kind())
     }
 
     /// Creates the host tables and their index if they do not exist.
@@ -342,6 +391,16 @@ fn one_line(s: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+
+    #[test]
+    fn schemes_name_the_database() {
+        assert_eq!(DbKind::of_url("postgres://u@h/db"), Some(DbKind::Postgres));
+        assert_eq!(DbKind::of_url("postgresql://h/db"), Some(DbKind::Postgres));
+        assert_eq!(DbKind::of_url("sqlite://idem.db"), Some(DbKind::Sqlite));
+        assert_eq!(DbKind::of_url("sqlite::memory:"), Some(DbKind::Sqlite));
+        assert_eq!(DbKind::of_url("mysql://h/db"), None);
+        assert_eq!(DbKind::of_url("Postgres://h/db"), None);
+    }
 
     #[test]
     fn migrations_table_names() {

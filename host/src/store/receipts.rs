@@ -1,6 +1,7 @@
 //! Receipts: the processed-message marker written first in each message's
 //! transaction (ARCHITECTURE.md, "The protocol", invariants 3 to 5).
 
+use super::backend::{Pool as _, Transaction as _};
 use super::{Database, StoreError, Tx, dispatch};
 
 /// The receipt for one message: written first in its transaction.

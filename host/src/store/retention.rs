@@ -15,6 +15,7 @@
 //! was stamped on; the caller computes it ([`crate::broker::clock::prune_cutoff`]).
 //! Neither this host's clock nor the database's takes part.
 
+use super::backend::{Pool as _, PruneLock as _};
 use super::{Backend, Database, StoreError, dispatch, postgres, sqlite};
 use std::time::Duration;
 
@@ -103,7 +104,7 @@ impl Database {
     /// # Errors
     /// No connection, or the lock query fails.
     pub async fn try_prune_lock(&self) -> Result<Option<PruneLock>, StoreError> {
-        Ok(dispatch!(&self.0, b => b.try_prune_lock().await)?)
+        Ok(dispatch!(&self.0, b, wrap => b.try_prune_lock().await?.map(|l| PruneLock(wrap(l)))))
     }
 
     /// One pruning pass: under [`Database::try_prune_lock`] (skipped when

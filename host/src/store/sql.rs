@@ -1,6 +1,7 @@
 //! SQL text both backends send alike (PostgreSQL and SQLite read it the
-//! same), and the decoding of a dead-letter row both select the same
-//! columns for. Dialect SQL is in the backend modules.
+//! same; both take `$n` placeholders), for the `backend` traits' provided
+//! methods and the statement savepoints. Dialect SQL is in the backend
+//! modules.
 
 /// Opens the savepoint of the first guest statement of a transaction.
 pub(super) const SAVEPOINT: &str = "SAVEPOINT idem_stmt";
@@ -79,26 +80,3 @@ pub(super) fn any_row(table: &str) -> String {
         table.to_lowercase().replace('"', "\"\"")
     )
 }
-
-/// Decodes one row selected with a backend's `DEAD_LETTER_COLUMNS` into a
-/// [`super::DeadLetterRow`] (`Result<_, sqlx::Error>`).
-macro_rules! decode_dead_letter {
-    ($row:expr) => {{
-        use sqlx::Row as _;
-        let row = $row;
-        Ok::<_, sqlx::Error>($crate::store::DeadLetterRow {
-            id: row.try_get("id")?,
-            consumer: row.try_get("consumer")?,
-            message_id: row.try_get("message_id")?,
-            stream: row.try_get("stream")?,
-            stream_sequence: u64::try_from(row.try_get::<i64, _>("stream_sequence")?).unwrap_or(0),
-            subject: row.try_get("subject")?,
-            reason: row.try_get("reason")?,
-            headers: $crate::store::dead_letters::decode_headers(row.try_get("headers")?)?,
-            payload: row.try_get("payload")?,
-            failed_at_ms: row.try_get("failed_at_ms")?,
-            published_ns: row.try_get("published_ns")?,
-        })
-    }};
-}
-pub(super) use decode_dead_letter;

@@ -17,6 +17,7 @@
 //! one that ended the transaction. On SQLite the autocommit flag is checked
 //! after every statement as well.
 
+use super::backend::Transaction as _;
 use super::sql::UNDO;
 use super::{DbError, DbErrorKind, Rows, SqlValue, StatementError, Tx, dispatch, one_line};
 use crate::sql_value::CheckedSql;

@@ -2,7 +2,9 @@
 //! the guest's value bound, what the SQL guard asks of the transaction,
 //! commit and rollback. The guest's statements are in `statement`.
 
-use super::{Database, DbError, StoreError, Tx, dispatch, sqlite_raw};
+use super::backend::{CompileHook as _, Pool as _, PoolRoles as _, RowFunctions as _};
+use super::backend::{Transaction as _, TxRoles as _};
+use super::{Database, DbError, Savepoints, StoreError, Tx, dispatch, sqlite_raw};
 use std::time::Duration;
 
 /// A handler's PostgreSQL role, as [`Database::prepare_handler_role`] left it.
@@ -23,7 +25,7 @@ impl Database {
     /// # Errors
     /// No connection, or `BEGIN` fails (see [`StoreError::class`]).
     pub async fn begin(&self) -> Result<Tx, StoreError> {
-        Ok(dispatch!(&self.0, b => b.begin().await)?)
+        Ok(dispatch!(&self.0, b, wrap => Tx(wrap(b.begin().await?), Savepoints::default())))
     }
 
     /// [`Database::begin`], with every statement of the transaction bounded in
@@ -39,7 +41,9 @@ impl Database {
     /// # Errors
     /// As [`Database::begin`], or the bound cannot be set.
     pub async fn begin_bounded(&self, timeout: Duration) -> Result<Tx, StoreError> {
-        Ok(dispatch!(&self.0, b => b.begin_bounded(timeout).await)?)
+        Ok(dispatch!(&self.0, b, wrap => {
+            Tx(wrap(b.begin_bounded(timeout).await?), Savepoints::default())
+        }))
     }
 
     /// PostgreSQL only: prepares `handler`'s own role for this grant set

@@ -4,6 +4,7 @@
 
 use super::Tx;
 use super::codes;
+use crate::store::backend::Batch;
 use crate::store::batch::BatchRow;
 use sqlx::AssertSqlSafe;
 
@@ -26,9 +27,9 @@ const FORGET_RECEIPTS: &str =
 /// guests' (`SET ROLE NONE`; PostgreSQL manual, "SET ROLE": any user may).
 const LEAVE_ROLE: &str = "SET LOCAL ROLE NONE";
 
-impl Tx {
+impl Batch for Tx {
     /// The message ids of `rows` that were inserted (had no receipt).
-    pub(in crate::store) async fn insert_receipts(
+    async fn insert_receipts(
         &mut self,
         consumer: &str,
         digest: &str,
@@ -48,20 +49,17 @@ impl Tx {
     }
 
     /// Statements are bounded by `statement_timeout` each: nothing to renew.
-    pub(in crate::store) async fn renew_budget(
-        &mut self,
-        _budget: std::time::Duration,
-    ) -> Result<(), sqlx::Error> {
+    async fn renew_budget(&mut self, _budget: std::time::Duration) -> Result<(), sqlx::Error> {
         Ok(())
     }
 
-    pub(in crate::store) fn take_conflict(&mut self) -> bool {
+    fn take_conflict(&mut self) -> bool {
         std::mem::take(&mut self.conflict)
     }
 
     /// Leaves the handler's role first when it was entered (a pending
     /// switch is dropped), so the delete runs as the host's user.
-    pub(in crate::store) async fn forget_receipts(
+    async fn forget_receipts(
         &mut self,
         consumer: &str,
         message_ids: &[&str],
@@ -79,7 +77,9 @@ impl Tx {
             .await?;
         Ok(())
     }
+}
 
+impl Tx {
     /// Notes a guest statement's failure that was a lost lock conflict.
     pub(super) fn note_conflict(&mut self, e: &sqlx::Error) {
         if codes::is_conflict(e) {

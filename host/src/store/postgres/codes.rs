@@ -31,6 +31,16 @@ pub(super) fn map_error(e: sqlx::Error) -> DbError {
     }
 }
 
+/// PostgreSQL's SQLSTATE for a relation that does not exist
+/// (<https://www.postgresql.org/docs/current/errcodes-appendix.html>).
+const UNDEFINED_TABLE: &str = "42P01";
+
+/// Whether `e` says a table the statement names does not exist (SQLSTATE
+/// 42P01, undefined_table).
+pub(super) fn is_undefined_table(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(UNDEFINED_TABLE))
+}
+
 /// Whether `e` is a lost lock conflict: SQLSTATE 40P01 (deadlock_detected),
 /// 40001 (serialization_failure) or 55P03 (lock_not_available, a lock
 /// waited for past `lock_timeout`). The statement lost to another

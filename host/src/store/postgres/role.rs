@@ -12,8 +12,13 @@
 //! (SQLSTATE 42501, which the guest sees as `denied`). The receipt is
 //! inserted before the switch, as the host's own user: the role has no
 //! privilege on any `idem_*` table.
+//!
+//! This is the `backend::PoolRoles` and `backend::TxRoles` capability of
+//! PostgreSQL's pool and transaction.
 
-use sqlx::PgPool;
+use super::{Pool, Tx};
+use crate::store::backend::{PoolRoles, TxRoles};
+use sqlx::{AssertSqlSafe, PgPool};
 
 /// Quotes `name` as a PostgreSQL identifier. Names in config are matched the
 /// way the guard matches them (unquoted, so case-folded to lower case).
@@ -84,7 +89,7 @@ pub(super) async fn prepare(
     for statement in ddl {
         // Identifiers quoted by `ident`, literals by `literal`, or printed by
         // PostgreSQL itself; no guest text.
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+        sqlx::raw_sql(AssertSqlSafe(statement))
             .execute(&mut *tx)
             .await?;
     }
@@ -132,4 +137,55 @@ fn literal(s: &str) -> String {
 /// (`SET LOCAL ROLE`, quoted: a name from [`prepare`]).
 pub(super) fn enter_sql(role: &str) -> String {
     format!("SET LOCAL ROLE {}", ident(role))
+}
+
+impl PoolRoles for Pool {
+    /// [`prepare`]: creates or updates the handler's role; the handler's
+    /// other roles (other grant sets), `role (tables)`.
+    async fn prepare_role(
+        &self,
+        role: &str,
+        handler: &str,
+        tables: &[String],
+    ) -> Result<Option<Vec<String>>, sqlx::Error> {
+        prepare(&self.0, role, handler, tables).await.map(Some)
+    }
+
+    /// The connecting user's name, and whether it is a superuser (who can leave
+    /// any role it switches to, so a handler role is no boundary for it).
+    async fn session_user(&self) -> Result<Option<(String, bool)>, sqlx::Error> {
+        sqlx::query_as("SELECT rolname::text, rolsuper FROM pg_roles WHERE rolname = session_user")
+            .fetch_one(&self.0)
+            .await
+            .map(Some)
+    }
+}
+
+impl TxRoles for Tx {
+    /// Remembers `role` for the next guest statement or guard catalog
+    /// query; sends nothing.
+    async fn enter_role(&mut self, role: &str) -> Result<(), sqlx::Error> {
+        self.pending_role = Some(role.to_owned());
+        Ok(())
+    }
+}
+
+impl Tx {
+    /// Enters the pending role, if any, on its own. Forgotten only once
+    /// entered: after a failure the transaction is aborted (PostgreSQL
+    /// refuses every later statement), so nothing runs as the host's user.
+    pub(super) async fn flush_role(&mut self) -> Result<(), sqlx::Error> {
+        if let Some(role) = &self.pending_role {
+            let entered = sqlx::raw_sql(AssertSqlSafe(enter_sql(role)))
+                .execute(&mut *self.tx)
+                .await;
+            if let Err(e) = entered {
+                self.aborted = Some(format!("the switch to the handler's role failed: {e}"));
+                return Err(e);
+            }
+            self.pending_role = None;
+            self.role_entered = true;
+        }
+        Ok(())
+    }
 }

@@ -3,16 +3,16 @@
 //! taken back, and each message's time budget.
 
 use super::Tx;
+use crate::store::backend::{Batch, Transaction as _};
 use crate::store::batch::BatchRow;
-use crate::store::sql;
 use sqlx::AssertSqlSafe;
 use std::fmt::Write as _;
 
-impl Tx {
+impl Batch for Tx {
     /// The message ids of `rows` that were inserted (had no receipt): one
     /// `INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING
     /// message_id` (SQLite 3.35+ returns only the rows it inserted).
-    pub(in crate::store) async fn insert_receipts(
+    async fn insert_receipts(
         &mut self,
         consumer: &str,
         digest: &str,
@@ -43,29 +43,23 @@ impl Tx {
     }
 
     /// The statements of the next message get the whole budget again.
-    pub(in crate::store) async fn renew_budget(
-        &mut self,
-        budget: std::time::Duration,
-    ) -> Result<(), sqlx::Error> {
+    async fn renew_budget(&mut self, budget: std::time::Duration) -> Result<(), sqlx::Error> {
         self.bound_statements(budget).await
     }
 
     /// One writer: no deadlock, no serialization failure.
-    pub(in crate::store) fn take_conflict(&mut self) -> bool {
+    fn take_conflict(&mut self) -> bool {
         false
     }
 
-    pub(in crate::store) async fn forget_receipts(
+    /// One `DELETE` per message id (`Transaction::forget_receipt`).
+    async fn forget_receipts(
         &mut self,
         consumer: &str,
         message_ids: &[&str],
     ) -> Result<(), sqlx::Error> {
         for id in message_ids {
-            sqlx::query(sql::FORGET_RECEIPT)
-                .bind(consumer)
-                .bind(*id)
-                .execute(&mut *self.0)
-                .await?;
+            self.forget_receipt(consumer, id).await?;
         }
         Ok(())
     }

@@ -32,6 +32,12 @@ pub(super) fn map_error(e: sqlx::Error) -> DbError {
     }
 }
 
+/// Whether `e` says a table the statement names does not exist (SQLite
+/// reports it as SQLITE_ERROR, 1, with the message `no such table: …`).
+pub(super) fn is_undefined_table(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
+}
+
 /// Whether a database error is SQLite's (its code is then a result code).
 pub(in crate::store) fn is_sqlite(db: &dyn sqlx::error::DatabaseError) -> bool {
     db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
