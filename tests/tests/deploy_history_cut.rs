@@ -7,7 +7,11 @@
 //! again with another first sequence. Each time a host started after it,
 //! and `idem replay`, run what the hosts ran (the database's high-water
 //! mark), and `idem status` shows that as deployed; a real deploy after
-//! the cut is still above the mark.
+//! the cut is still above the mark, also on a host that runs while the
+//! bucket is made again (revisions start over, the sequence decides). With
+//! the handler's key deleted a host starts on the mark's version; with
+//! that version's component gone too, it does not start (the config's
+//! module is older) and says what to do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -173,18 +177,7 @@ async fn history_cut(backend: Backend) {
     host = restart_runs(host, &cfg, &js, &d2, "e3", 4).await;
 
     // 3. The bucket's stream made again, starting at sequence 1000.
-    let mut stream_config = js
-        .get_stream(KV_STREAM)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
-    js.delete_stream(KV_STREAM).await.unwrap();
-    stream_config.first_sequence = Some(1000);
-    js.create_stream(stream_config).await.unwrap();
+    remake_bucket(&js, Some(1000)).await;
     let revision = js
         .publish(KEY_SUBJECT, old.clone().into())
         .await
@@ -208,7 +201,6 @@ async fn history_cut(backend: Backend) {
     assert_eq!(host.slot("h").current().digest(), d3);
     publish(&js, "accounts.credit", &credit("e5", 1, 16), &[]).await;
     host.wait_for("h", "e5 on v3", |s| s.processed == 2).await;
-    host.stop().await;
     let v3_record = store
         .current("h")
         .await
@@ -219,7 +211,67 @@ async fn history_cut(backend: Backend) {
     assert!(v3_record.sequence > v2_record.sequence);
     assert_eq!(mark(&db).await, (v3_record.sequence as i64, d3.clone()));
 
-    assert_eq!(db.balance(1).await, Some(31));
+    // 4. The bucket made again under a running host, revisions from 1:
+    // the operator's next deploy has a lower revision than what runs, and
+    // a higher sequence, which decides.
+    remake_bucket(&js, None).await;
+    let (code, out, err) = deploy_cli(
+        &cfg,
+        &["h", v2_path.to_str().unwrap(), "--wait", "--timeout", "60s"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out.lines().next().unwrap(),
+        format!("deployed {d2} to `h` (revision 1, previous {d3})")
+    );
+    assert_eq!(host.slot("h").current().digest(), d2);
+    assert_eq!(host.slot("h").refused(), None);
+    publish(&js, "accounts.credit", &credit("e6", 1, 32), &[]).await;
+    host.wait_for("h", "e6 on v2", |s| s.processed == 3).await;
+    let v2_again = store
+        .current("h")
+        .await
+        .unwrap()
+        .unwrap()
+        .deployment
+        .unwrap();
+    assert_eq!(mark(&db).await, (v2_again.sequence as i64, d2.clone()));
+
+    // 5. The handler's key deleted: no record at all. A host started
+    // after it runs what the hosts ran last (the mark), not the config's
+    // module (v1).
+    store.deployments().delete("h").await.unwrap();
+    assert!(store.current("h").await.unwrap().is_none());
+    host.stop().await;
+    let host = RunningHost::start(&cfg).await;
+    assert_eq!(host.slot("h").current().digest(), d2);
+    publish(&js, "accounts.credit", &credit("e7", 1, 64), &[]).await;
+    host.wait_for("h", "e7 on v2", |s| s.processed == 1).await;
+    host.stop().await;
+
+    // 6. The component the mark names deleted as well: no version at or
+    // above the mark can run, and the config's module is older, so the
+    // host does not start, and says what to do.
+    js.get_object_store("idem-modules")
+        .await
+        .unwrap()
+        .delete(&d2)
+        .await
+        .unwrap();
+    let (code, out, err) = idem_cli(&["run", "--drain", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.starts_with(&format!(
+            "idem: handler `h`: cannot run {d2}, the version its hosts ran last (sequence {}, the database's high-water mark): ",
+            v2_again.sequence
+        )) && line.ends_with(
+            "; the config's module is older and is not run in its place; deploy a version with `idem deploy h FILE`, or to go back to the config's module delete the mark: DELETE FROM idem_deploy_marks WHERE handler = 'h'"
+        ),
+        "{err}"
+    );
+
+    assert_eq!(db.balance(1).await, Some(127));
     assert_eq!(
         db.receipt_digests("h").await,
         vec![
@@ -228,6 +280,25 @@ async fn history_cut(backend: Backend) {
             ("e3".into(), d2.clone()),
             ("e4".into(), d2.clone()),
             ("e5".into(), d3.clone()),
+            ("e6".into(), d2.clone()),
+            ("e7".into(), d2.clone()),
         ]
     );
+}
+
+/// Deletes the deployments bucket's stream and makes it again with the
+/// same config, starting at `first_sequence` (1 when `None`).
+async fn remake_bucket(js: &jetstream::Context, first_sequence: Option<u64>) {
+    let mut stream_config = js
+        .get_stream(KV_STREAM)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    js.delete_stream(KV_STREAM).await.unwrap();
+    stream_config.first_sequence = first_sequence;
+    js.create_stream(stream_config).await.unwrap();
 }

@@ -84,7 +84,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     let running = store.deployed(&h.name, &history).await?;
     let replaces = store.last_revision(&h.name).await?;
     let mark = store.mark(&h.name).await?.map_or(0, |m| m.sequence);
-    let sequence = next_sequence(&store, &h.name, &history, mark);
+    let sequence = next_sequence(&store, &h.name, &history, mark)?;
     let (bytes, origin) = if args.rollback {
         let Some(previous) = running.as_ref().and_then(|d| d.previous.clone()) else {
             anyhow::bail!(
@@ -186,7 +186,16 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
 /// record's in `history` and the high-water mark `mark`, and at least the clock in Unix milliseconds, so
 /// a history someone cut (or a bucket made again) does not lower it below
 /// what hosts ran, however little of it the broker keeps.
-fn next_sequence(store: &DeployStore, handler: &str, history: &History, mark: u64) -> u64 {
+///
+/// # Errors
+/// One line: the sequence would pass `i64::MAX`, the highest a record may
+/// carry (a mark or record that high was written by hand).
+fn next_sequence(
+    store: &DeployStore,
+    handler: &str,
+    history: &History,
+    mark: u64,
+) -> anyhow::Result<u64> {
     let signed = history
         .records
         .iter()
@@ -197,7 +206,14 @@ fn next_sequence(store: &DeployStore, handler: &str, history: &History, mark: u6
         .unwrap_or(0);
     let now_ms =
         u64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
-    signed.saturating_add(1).max(now_ms)
+    let next = signed.saturating_add(1).max(now_ms);
+    if i64::try_from(next).is_err() {
+        anyhow::bail!(
+            "`{handler}` cannot be deployed: the next sequence would be {next}, past the highest a record may carry ({}); a record or high-water mark that high was not written by idem deploy: check idem_deploy_marks in the database",
+            i64::MAX
+        );
+    }
+    Ok(next)
 }
 
 /// `store` reading the hosts' high-water marks in `config`'s database
@@ -348,6 +364,10 @@ const MAX_REPORT_BYTES: usize = 256 * 1024;
 /// A live host's report and whether a key of `[deploy] trusted_hosts`
 /// signed it.
 pub(super) struct Report {
+    /// Its key in the hosts bucket: what names the host on screen (a KV
+    /// key holds only `A-Z a-z 0-9 - _ = . /`; the report's own `host`
+    /// field is text its writer chose).
+    pub key: String,
     /// The report as read from the hosts bucket.
     pub report: HostReport,
     /// Whether a trusted host key signed it, under its own name, and the
@@ -384,13 +404,14 @@ pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> 
             let signed = report.verified(&key, &trusted);
             let fresh = report.fresh(stored_ms);
             reports.push(Report {
+                key: key.clone(),
                 report,
                 verified: signed && fresh,
                 stale: signed && !fresh,
             });
         }
     }
-    reports.sort_by(|a, b| a.report.host.cmp(&b.report.host));
+    reports.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(reports)
 }
 
@@ -412,6 +433,7 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     // Per handler, the latest record the config's trusted keys vouch for.
     let mut deployed_of = std::collections::HashMap::new();
     for Report {
+        key,
         report: r,
         verified,
         stale,
@@ -419,11 +441,11 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     {
         // Shown as verified only when a trusted host key signed it lately.
         let host = if verified {
-            bounded(&r.host)
+            bounded(&key)
         } else if stale {
-            format!("{} [unverified: stale report]", bounded(&r.host))
+            format!("{} [unverified: stale report]", bounded(&key))
         } else {
-            format!("{} [unverified]", bounded(&r.host))
+            format!("{} [unverified]", bounded(&key))
         };
         for h in &r.handlers {
             if !deployed_of.contains_key(&h.name) {

@@ -85,12 +85,13 @@ pub async fn wait_for_hosts(
         let (mut on, mut behind, mut watched, mut ignored) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for Report {
+            key,
             report: r,
             verified,
             ..
         } in reports(store).await?
         {
-            let host = bounded(&r.host);
+            let host = bounded(&key);
             if verified_only && !verified {
                 ignored.push(host);
                 continue;

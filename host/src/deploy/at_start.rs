@@ -7,8 +7,8 @@
 //! together would take turns), always the file.
 
 use super::follow::{Followed, NO_TRUSTED_KEYS, apply, apply_believed};
-use super::store::DeployStore;
-use super::trust::Trust;
+use super::store::{Current, DeployStore};
+use super::trust::{Mark, Trust};
 use crate::config::{Config, HandlerConfig};
 use crate::pipeline::step::PreparedHandler;
 use crate::store::Database;
@@ -26,38 +26,66 @@ pub const WATCHED_NOT_FOLLOWED: &str = "`watch = true`: this handler runs its mo
 /// database: it may be missing from a bucket whose history was cut), else
 /// the most recent earlier deployment that loads and is not below the
 /// mark, which is what the hosts that refused the same record keep
-/// running; only when none does, the config's module. The refusal stays
-/// in the slot, so `idem status` shows it and the follower tries the
+/// running. A bucket with no record of a handler that has a mark (the key
+/// deleted or purged, the bucket made again) is the same case. The refusal
+/// stays in the slot, so `idem status` shows it and the follower tries the
 /// record again later ([`super::follow::RETRY_REFUSED`]).
-pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &PreparedHandler) {
+///
+/// The config's module runs only when nothing was ever deployed (no mark)
+/// or it is the version the mark names: below the mark it is an older
+/// version, and nothing the broker is made to forget takes a host back.
+///
+/// # Errors
+/// One line: the handler has a mark and no version at or above it can be
+/// run (its record no longer verifies, its component is gone or does not
+/// load), with what to do.
+pub async fn use_deployed(
+    store: &DeployStore,
+    cfg: &HandlerConfig,
+    handler: &PreparedHandler,
+) -> anyhow::Result<()> {
     if store.trust().is_empty() {
-        return;
+        return Ok(());
     }
     if cfg.watch {
         tracing::warn!(handler = %cfg.name, module = %cfg.module.display(), "{WATCHED_NOT_FOLLOWED}");
-        return;
+        return Ok(());
     }
     let current = match store.current(&cfg.name).await {
-        Ok(Some(current)) => current,
-        Ok(None) => return,
+        Ok(current) => current,
         Err(e) => {
             tracing::warn!(handler = %cfg.name, error = %format!("{e:#}"), "cannot read the deployments bucket; running the config's module until it can be read");
-            return;
+            return Ok(());
         }
     };
     let followed = Followed::of(cfg, handler);
-    let Err(e) = apply(store, &followed, &current).await else {
-        return;
+    let e = match &current {
+        Some(current) => match apply(store, &followed, current).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        },
+        None => "the deployments bucket holds no record of this handler (deleted, purged, or the bucket made again)".to_owned(),
+    };
+    // Without a mark that can be read, nothing earlier is run: it might be
+    // below it.
+    let mark = match store.mark(&cfg.name).await {
+        Ok(mark) => mark,
+        Err(read) => {
+            if current.is_some() {
+                tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused and the database's high-water mark cannot be read ({read:#}); running the config's module");
+            } else {
+                tracing::warn!(handler = %cfg.name, error = %format!("{read:#}"), "the deployments bucket holds no record of this handler and the database's high-water mark cannot be read; running the config's module");
+            }
+            return Ok(());
+        }
+    };
+    let Some(current) = current.or_else(|| mark.is_some().then(Current::none)) else {
+        // Never deployed: the config's module is the version.
+        return Ok(());
     };
     let refused = handler.slot().refused();
     let config_digest = handler.slot().current().digest().to_owned();
     let history = store.history(&cfg.name).await.unwrap_or_default();
-    // Without a mark that can be read, nothing earlier is run: it might be
-    // below it.
-    let Ok(mark) = store.mark(&cfg.name).await else {
-        tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused and the database's high-water mark cannot be read; running the config's module");
-        return;
-    };
     // The version a believed record names, and failed to load, is not
     // tried again; one an unbelieved record names may be a good one.
     let mut tried = std::collections::HashSet::new();
@@ -84,11 +112,13 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
             Some((c.revision, d))
         });
     let mut fallback = None;
+    let mut config_is_at_mark = false;
     for (revision, d) in marked.into_iter().chain(earlier) {
         if !tried.insert(d.digest.clone()) {
             continue;
         }
         if d.digest == config_digest {
+            config_is_at_mark = true;
             break;
         }
         if apply_believed(store, &followed, revision, &d).await.is_ok() {
@@ -99,14 +129,34 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
     if let Some(r) = refused {
         handler.slot().refuse(&r.digest, &r.reason, r.revision);
     }
-    match fallback {
-        Some((revision, digest)) => {
+    match (fallback, &mark) {
+        (Some((revision, digest)), _) => {
             tracing::warn!(handler = %cfg.name, error = %e, revision, digest = %digest, "the deployed version is refused; running what this handler's hosts ran last (the database's high-water mark), or else the most recent earlier deployment that loads");
+            Ok(())
         }
-        None => {
+        (None, Some(m)) if !config_is_at_mark => Err(below_mark(cfg, m, &e)),
+        (None, _) => {
             tracing::warn!(handler = %cfg.name, error = %e, "the deployed version is refused; running the config's module");
+            Ok(())
         }
     }
+}
+
+/// Why a handler with a mark cannot start: nothing at or above the mark
+/// runs, and the config's module is below it.
+fn below_mark(cfg: &HandlerConfig, mark: &Mark, why: &str) -> anyhow::Error {
+    let digest = mark
+        .record
+        .as_ref()
+        .map_or_else(|_| "?".to_owned(), |d| d.digest.clone());
+    anyhow::anyhow!(
+        "handler `{}`: cannot run {digest}, the version its hosts ran last (sequence {}, the database's high-water mark): {}; the config's module is older and is not run in its place; deploy a version with `idem deploy {} FILE`, or to go back to the config's module delete the mark: DELETE FROM idem_deploy_marks WHERE handler = '{}'",
+        cfg.name,
+        mark.sequence,
+        super::record::escaped(why, 400),
+        cfg.name,
+        cfg.name.replace('\'', "''")
+    )
 }
 
 /// [`use_deployed`] for a command that runs a handler outside a host
@@ -116,7 +166,7 @@ pub async fn use_deployed(store: &DeployStore, cfg: &HandlerConfig, handler: &Pr
 ///
 /// # Errors
 /// One line: the broker cannot be reached or its buckets cannot be
-/// opened, with what to do.
+/// opened, with what to do; or as [`use_deployed`].
 pub async fn use_deployed_via_broker(
     config: &Config,
     cfg: &HandlerConfig,
@@ -149,6 +199,5 @@ pub async fn use_deployed_via_broker(
             cfg.name
         )
     })?;
-    use_deployed(&store, cfg, handler).await;
-    Ok(())
+    use_deployed(&store, cfg, handler).await
 }

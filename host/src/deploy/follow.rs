@@ -136,7 +136,9 @@ async fn put_in_place(
     if handler.slot.current().digest() == digest {
         // The record names what runs: nothing is refused any more.
         handler.slot.clear_refused();
-        store.trust().running_now(&handler.name, revision);
+        store
+            .trust()
+            .running_now(&handler.name, revision, deployment.sequence);
         store.raise_mark(&handler.name, revision, deployment).await;
         return Ok(Installed::Unchanged);
     }
@@ -172,7 +174,9 @@ async fn put_in_place(
     .await;
     match installed {
         Ok(installed) => {
-            store.trust().running_now(&handler.name, revision);
+            store
+                .trust()
+                .running_now(&handler.name, revision, deployment.sequence);
             store.raise_mark(&handler.name, revision, deployment).await;
             if let Installed::Swapped { .. } = &installed {
                 tracing::info!(handler = %handler.name, digest = %digest, revision, signer = %deployment.signer, deployed_at = ?deployment.deployed_at, note = %deployment.note, by = %deployment.by, "deployed version in place");

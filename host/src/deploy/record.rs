@@ -172,7 +172,7 @@ pub fn bounded(s: &str) -> String {
 pub fn escaped(s: &str, max: usize) -> String {
     let mut out = String::new();
     for c in s.chars().take(max) {
-        if c.is_control() {
+        if c.is_control() || is_invisible_format(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -184,10 +184,30 @@ pub fn escaped(s: &str, max: usize) -> String {
     out
 }
 
+/// Unicode format characters that reorder or hide text on a terminal
+/// (bidirectional embeddings, overrides and isolates, zero-width marks and
+/// joiners, the byte order mark): category Cf of the Unicode Character
+/// Database, as far as a terminal is concerned.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+
+    #[test]
+    fn escaped_text_cannot_steer_a_terminal() {
+        assert_eq!(escaped("a\u{1b}[2Jb\n", 80), "a\\u{1b}[2Jb\\n");
+        assert_eq!(
+            escaped("host\u{202E}lanimret\u{200B}", 80),
+            "host\\u{202e}lanimret\\u{200b}"
+        );
+        assert_eq!(escaped("héllo", 3), "hél…");
+    }
 
     fn record() -> Deployment {
         Deployment {

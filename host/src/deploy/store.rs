@@ -54,6 +54,11 @@ pub struct History {
     pub records: Vec<Current>,
 }
 
+/// The most records of one handler [`DeployStore::history`] keeps, the
+/// latest ones (a bucket idem makes keeps 64 entries per key; one made by
+/// someone else may keep any number).
+pub const MAX_HISTORY_RECORDS: usize = 256;
+
 /// A handler's key in the deployments bucket, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Current {
@@ -61,6 +66,18 @@ pub struct Current {
     pub revision: u64,
     /// The deployment, or why the value is not one.
     pub deployment: Result<Deployment, String>,
+}
+
+impl Current {
+    /// What stands in for the record of a handler whose key holds none
+    /// (deleted, purged, or the bucket made again): above every revision,
+    /// and no deployment.
+    pub fn none() -> Self {
+        Self {
+            revision: u64::MAX,
+            deployment: Err("the deployments bucket holds no record of this handler".into()),
+        }
+    }
 }
 
 /// Why recording a deployment failed.
@@ -268,10 +285,26 @@ impl DeployStore {
                 anyhow::bail!("cannot read the history of `{handler}` in bucket {bucket}: {e}")
             }
         };
-        let entries: Vec<kv::Entry> = history.try_collect().await.with_context(|| {
-            format!("cannot read the history of `{handler}` in bucket {bucket}")
-        })?;
-        let revisions: Vec<u64> = entries.iter().map(|e| e.revision).collect();
+        // One entry at a time: a bucket someone made again may keep any
+        // number of values of any size, and only the last
+        // MAX_HISTORY_RECORDS records (each parsed within its size bound)
+        // stay in memory.
+        let mut history = std::pin::pin!(history);
+        let mut revisions = Vec::new();
+        let mut records = std::collections::VecDeque::new();
+        while let Some(entry) = history
+            .try_next()
+            .await
+            .with_context(|| format!("cannot read the history of `{handler}` in bucket {bucket}"))?
+        {
+            revisions.push(entry.revision);
+            if let Some(record) = current(entry) {
+                if records.len() == MAX_HISTORY_RECORDS {
+                    records.pop_front();
+                }
+                records.push_back(record);
+            }
+        }
         let complete = self
             .history_kept
             .is_some_and(|kept| (revisions.len() as i64) < kept);
@@ -280,7 +313,7 @@ impl DeployStore {
                 revisions,
                 complete,
             },
-            records: entries.into_iter().filter_map(current).collect(),
+            records: records.into(),
         })
     }
 
@@ -309,7 +342,7 @@ impl DeployStore {
         };
         let d = match judged.and_then(|d| {
             self.trust
-                .not_behind(handler, current.revision, d.replaces)
+                .not_behind(handler, current.revision, d.replaces, d.sequence)
                 .map(|()| d)
         }) {
             Ok(d) => d,

@@ -149,6 +149,8 @@ pub struct Trust {
 struct Seen {
     /// The revision of the record whose component runs (0: none).
     running: u64,
+    /// That record's sequence (0: none, or a record from before sequences).
+    running_sequence: u64,
     /// The last revision checked and what came of it.
     checked: Option<(u64, Result<Deployment, Refused>)>,
     /// The highest sequence this host raised the mark to (or found it at).
@@ -275,6 +277,16 @@ impl Trust {
         {
             return Ok(());
         }
+        if let (true, Err(why)) = (d.sequence == mark.sequence, &mark.record) {
+            return Err(refused(
+                Refusal::Replayed,
+                format!(
+                    "the database's high-water mark at sequence {} holds a record that does not parse ({}), so a record of the same sequence cannot be matched to it; deploy again (`idem deploy`) to go above it",
+                    mark.sequence,
+                    super::record::escaped(why, 200)
+                ),
+            ));
+        }
         Err(refused(
             Refusal::Replayed,
             format!(
@@ -319,14 +331,40 @@ impl Trust {
         }
     }
 
-    /// `handler`'s record at `revision` (replacing `replaces`) against the
-    /// record this host runs: a record older than it, or one that replaces
-    /// an entry older than it, is refused.
+    /// `handler`'s record at `revision` (replacing `replaces`, with
+    /// `sequence`) against the record this host runs. Between records with
+    /// sequences the sequence decides: a lower one, or the same one at
+    /// another revision, is refused, whatever the revisions (they start over
+    /// when the bucket is made again). A record with a sequence is newer than
+    /// one from before sequences. Otherwise revisions decide: a record older
+    /// than the running one, or one that replaces an entry older than it,
+    /// is refused.
     ///
     /// # Errors
     /// [`Refusal::Replayed`].
-    pub fn not_behind(&self, handler: &str, revision: u64, replaces: u64) -> Result<(), Refused> {
-        let running = self.running(handler);
+    pub fn not_behind(
+        &self,
+        handler: &str,
+        revision: u64,
+        replaces: u64,
+        sequence: u64,
+    ) -> Result<(), Refused> {
+        let (running, running_sequence) = self.running(handler);
+        if sequence > 0 && running_sequence > 0 {
+            if sequence > running_sequence || (sequence == running_sequence && revision == running)
+            {
+                return Ok(());
+            }
+            return Err(refused(
+                Refusal::Replayed,
+                format!(
+                    "the deployment record's sequence {sequence} is not above {running_sequence}, which this host runs: an older record put again"
+                ),
+            ));
+        }
+        if sequence > 0 && running_sequence == 0 {
+            return Ok(());
+        }
         if revision == running || (revision > running && replaces >= running) {
             return Ok(());
         }
@@ -338,19 +376,21 @@ impl Trust {
         ))
     }
 
-    /// Notes that `handler` runs the record at `revision`.
-    pub fn running_now(&self, handler: &str, revision: u64) {
+    /// Notes that `handler` runs the record at `revision`, of `sequence`.
+    pub fn running_now(&self, handler: &str, revision: u64, sequence: u64) {
         if let Ok(mut state) = self.state.lock() {
-            state.entry(handler.to_owned()).or_default().running = revision;
+            let seen = state.entry(handler.to_owned()).or_default();
+            seen.running = revision;
+            seen.running_sequence = sequence;
         }
     }
 
-    fn running(&self, handler: &str) -> u64 {
+    fn running(&self, handler: &str) -> (u64, u64) {
         self.state
             .lock()
             .ok()
-            .and_then(|s| s.get(handler).map(|s| s.running))
-            .unwrap_or(0)
+            .and_then(|s| s.get(handler).map(|s| (s.running, s.running_sequence)))
+            .unwrap_or((0, 0))
     }
 }
 
@@ -489,21 +529,41 @@ mod tests {
     #[test]
     fn a_host_never_goes_back_behind_what_it_runs() {
         let trust = Trust::new(&[]).unwrap();
-        assert!(trust.not_behind("h", 5, 0).is_ok());
-        trust.running_now("h", 5);
-        assert!(trust.not_behind("h", 5, 3).is_ok());
-        assert!(trust.not_behind("h", 8, 5).is_ok());
-        assert!(trust.not_behind("h", 8, 6).is_ok());
+        assert!(trust.not_behind("h", 5, 0, 0).is_ok());
+        trust.running_now("h", 5, 0);
+        assert!(trust.not_behind("h", 5, 3, 0).is_ok());
+        assert!(trust.not_behind("h", 8, 5, 0).is_ok());
+        assert!(trust.not_behind("h", 8, 6, 0).is_ok());
         assert_eq!(
-            trust.not_behind("h", 8, 4).unwrap_err().reason,
+            trust.not_behind("h", 8, 4, 0).unwrap_err().reason,
             Refusal::Replayed
         );
         assert_eq!(
-            trust.not_behind("h", 4, 0).unwrap_err().reason,
+            trust.not_behind("h", 4, 0, 0).unwrap_err().reason,
             Refusal::Replayed
         );
+        // A record with a sequence is newer than one without.
+        assert!(trust.not_behind("h", 1, 0, 700).is_ok());
+        // Between sequenced records the sequence decides, whatever the
+        // revisions: the bucket made again starts them over.
+        trust.running_now("h", 9, 700);
+        assert!(trust.not_behind("h", 1, 0, 701).is_ok());
+        assert!(
+            trust.not_behind("h", 9, 3, 700).is_ok(),
+            "the record that runs"
+        );
+        for (revision, sequence) in [(1, 700), (10, 699), (2, 0)] {
+            assert_eq!(
+                trust
+                    .not_behind("h", revision, 0, sequence)
+                    .unwrap_err()
+                    .reason,
+                Refusal::Replayed,
+                "revision {revision}, sequence {sequence}"
+            );
+        }
         // Per handler.
-        assert!(trust.not_behind("g", 2, 0).is_ok());
+        assert!(trust.not_behind("g", 2, 0, 0).is_ok());
         let ok = Ok(record(1));
         trust.remember("h", 8, &ok);
         assert_eq!(trust.remembered("h", 8), Some(ok));

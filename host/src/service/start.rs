@@ -112,7 +112,7 @@ impl Host {
             }
             let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
             if let Some(store) = &deploy {
-                crate::deploy::at_start::use_deployed(store, h, &handler).await;
+                crate::deploy::at_start::use_deployed(store, h, &handler).await?;
             }
             let pipeline = Pipeline::new(h, handler, db.clone(), gate.clone(), clock);
             let pipeline = Arc::new(pipeline);
