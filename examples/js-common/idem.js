@@ -11,8 +11,9 @@
 // Either way a failed import call throws an Error whose `payload` is the WIT
 // error value, and `handle` reports its own error by throwing the
 // `handler-error` variant ({ tag: 'reject' | 'retry', val: reason }).
-import * as transaction from 'idem:handler/transaction@0.1.0';
-import * as hostLog from 'idem:handler/log@0.1.0';
+import * as transaction from 'idem:handler/transaction@0.2.0';
+import * as hostLog from 'idem:handler/log@0.2.0';
+import * as hostOutbox from 'idem:handler/outbox@0.2.0';
 
 /** Permanent: the host dead-letters the message. Throw it from `handle`. */
 export const reject = (reason) => ({ tag: 'reject', val: reason });
@@ -22,6 +23,29 @@ export const retry = (reason) => ({ tag: 'retry', val: reason });
 /** A line in the host's log: level is 'debug', 'info', 'warn' or 'error'. */
 export function log(level, message) {
   hostLog.log(level, message);
+}
+
+/**
+ * Publishes `payload` (a string or bytes) to `subject` once the message's
+ * transaction commits, and only then (the outbox; the subject must be
+ * granted by the handler's `publish`). `headers` is a list of [name, value]
+ * pairs; messages with the same `key` leave in commit order. Throws an
+ * Error whose `payload` is the refusal ({ tag: 'not-granted' | 'over-limit'
+ * | 'invalid', val: why }).
+ */
+export function publish(subject, payload, headers = [], key = undefined) {
+  const bytes = typeof payload === 'string' ? utf8Encode(payload) : payload;
+  hostOutbox.publish(subject, new Uint8Array(bytes), headers, key);
+}
+
+/**
+ * POSTs `body` to the endpoint the handler's config names `endpoint` once
+ * the message's transaction commits, with an Idempotency-Key header; as
+ * `publish` otherwise.
+ */
+export function call(endpoint, body, headers = [], key = undefined) {
+  const bytes = typeof body === 'string' ? utf8Encode(body) : body;
+  hostOutbox.call(endpoint, new Uint8Array(bytes), headers, key);
 }
 
 // ---- UTF-8 -------------------------------------------------------------------

@@ -334,6 +334,74 @@ pub mod tx {
     }
 }
 
+/// Messages to publish and services to call once the message's transaction
+/// commits, and only then (the WIT interface `idem:handler/outbox`).
+///
+/// Each call is checked at once against what the handler's config grants
+/// (`publish` subjects, NATS wildcards allowed; named `endpoints`) and the
+/// per-message caps (`max_outbox_calls`, 16; `max_outbox_kib`, 1024); a
+/// refusal is an [`OutboxError`](outbox::OutboxError) and nothing is kept. What passes is stored
+/// in the host's outbox table inside the message's transaction when
+/// [`Handler::handle`] returns `Ok(())`: it commits with the effects and the
+/// receipt, or, when the message is retried, rejected or traps, not at all.
+/// After the commit the host's relay sends it, with a `Nats-Msg-Id` (a
+/// publish) or `Idempotency-Key` (a call) derived from the message and the
+/// call's place among its calls, so a send repeated after a crash is the
+/// same message to the broker's duplicate window or a receiver that honours
+/// the key.
+///
+/// ```no_run
+/// use idem_guest::outbox;
+/// outbox::publish("orders.accepted", br#"{"order":"o-1"}"#, &[], Some("o-1"))
+///     .expect("orders.accepted is granted");
+/// ```
+pub mod outbox {
+    use crate::bindings::idem::handler::outbox as wit;
+
+    /// Why a publish or call was refused: not granted, past a cap, or not
+    /// something the host can carry (a wildcard subject, a header the host
+    /// sets such as `Nats-Msg-Id`, control characters).
+    pub use wit::OutboxError;
+
+    fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Publishes `payload` with `headers` to the literal `subject` after the
+    /// commit. Messages with the same `key` leave in commit order.
+    ///
+    /// # Errors
+    /// [`OutboxError`]: the subject is not granted, a cap is passed, or the
+    /// subject, a header or the key is refused.
+    pub fn publish(
+        subject: &str,
+        payload: &[u8],
+        headers: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> Result<(), OutboxError> {
+        wit::publish(subject, payload, &owned(headers), key)
+    }
+
+    /// POSTs `body` with `headers` to the endpoint the config names
+    /// `endpoint` after the commit, with an `Idempotency-Key` header. Calls
+    /// with the same `key` leave in commit order.
+    ///
+    /// # Errors
+    /// [`OutboxError`]: the endpoint is not granted, a cap is passed, or a
+    /// header or the key is refused.
+    pub fn call(
+        endpoint: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> Result<(), OutboxError> {
+        wit::call(endpoint, body, &owned(headers), key)
+    }
+}
+
 /// Lines for the host's log (the WIT interface `idem:handler/log`). The host
 /// tags each line with the handler and the message identity, and caps the
 /// bytes one message may log.

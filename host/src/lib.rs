@@ -18,6 +18,7 @@ pub mod config;
 pub mod deploy;
 pub mod log_format;
 pub mod metrics;
+pub mod outbox;
 pub mod pipeline;
 pub mod progress;
 pub mod publish;

@@ -59,6 +59,18 @@ const COUNTERS: &[(&str, &str)] = &[
         "Receipts deleted by this host's pruning (rows).",
     ),
     (
+        "idem_outbox_sent_total",
+        "Outbox rows this host's relay sent (a PubAck or a 2xx answer), duplicates included.",
+    ),
+    (
+        "idem_outbox_duplicates_total",
+        "Outbox publishes the target stream had stored already (PubAck duplicate): sent before.",
+    ),
+    (
+        "idem_outbox_failures_total",
+        "Outbox sends that failed and wait to be tried again (or, for a call past its last try, are kept).",
+    ),
+    (
         "idem_unique_violations_total",
         "Guest statements that failed on a unique constraint.",
     ),
@@ -168,6 +180,23 @@ pub fn deploy_refused(handler: &str, reason: &'static str) {
         "reason" => reason
     )
     .increment(1);
+}
+
+/// Counts one outbox row of `handler` the relay sent
+/// (`idem_outbox_sent_total`), and whether the stream had it already
+/// (`idem_outbox_duplicates_total`).
+pub fn outbox_sent(handler: &str, duplicate: bool) {
+    metrics::counter!("idem_outbox_sent_total", HANDLER_LABEL => handler.to_owned()).increment(1);
+    if duplicate {
+        metrics::counter!("idem_outbox_duplicates_total", HANDLER_LABEL => handler.to_owned())
+            .increment(1);
+    }
+}
+
+/// Counts one failed outbox send of `handler` (`idem_outbox_failures_total`).
+pub fn outbox_failed(handler: &str) {
+    metrics::counter!("idem_outbox_failures_total", HANDLER_LABEL => handler.to_owned())
+        .increment(1);
 }
 
 /// One counter: an atomic read by the stats line and the tests, and the

@@ -148,7 +148,7 @@ async fn process(
     } else {
         tx.rollback().await.unwrap();
     }
-    Some(result)
+    Some(result.map(drop))
 }
 
 /// Runs the probe for one message with the default limits, outside any
@@ -168,7 +168,7 @@ async fn probe_as(
     let tx = db.db.begin().await.unwrap();
     let (result, tx) = RUNTIME.handle(&PROBE, &call, tx, msg).await;
     tx.rollback().await.unwrap();
-    result
+    result.map(drop)
 }
 
 /// The probe's report for `msg` under `handler`.

@@ -30,12 +30,16 @@ static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| Runtime::new().expect("runt
 const PLAIN: LoadOptions = LoadOptions { wasi: false };
 const WASI: LoadOptions = LoadOptions { wasi: true };
 
-/// What a component built with `idem-guest` imports: the world's interfaces.
+/// What a component built with `idem-guest` imports: the world's interfaces
+/// it uses (`outbox` only when it calls it).
 const IDEM_IMPORTS: [&str; 3] = [
-    "idem:handler/types@0.1.0",
-    "idem:handler/transaction@0.1.0",
-    "idem:handler/log@0.1.0",
+    "idem:handler/types@0.2.0",
+    "idem:handler/transaction@0.2.0",
+    "idem:handler/log@0.2.0",
 ];
+
+/// What a component built for the 0.1.0 world imports.
+const IDEM_V0_1_IMPORTS: [&str; 2] = ["idem:handler/types@0.1.0", "idem:handler/transaction@0.1.0"];
 
 /// What Rust's standard library for wasm32-wasip2 imports (stdio, exit,
 /// environment and the streams under them).
@@ -150,9 +154,26 @@ fn counter() {
     assert_plain_handler("counter");
 }
 
+/// Calls the outbox too: imports it.
 #[test]
 fn behave() {
-    assert_plain_handler("behave");
+    let b = built("behave");
+    let mut imports = set(IDEM_IMPORTS);
+    imports.insert("idem:handler/outbox@0.2.0".into());
+    assert_eq!(b.imports, imports);
+    assert_eq!(b.exports, handle_only());
+    assert_loads(&b.path, PLAIN, false);
+}
+
+/// Built for `idem:handler@0.1.0`, the world before `outbox`: loads
+/// unchanged (tests/tests/outbox.rs runs it beside a 0.2.0 component).
+#[test]
+fn credit_v0_1() {
+    let b = built("credit-v0-1");
+    assert_eq!(b.imports, set(IDEM_V0_1_IMPORTS));
+    assert_eq!(b.exports, handle_only());
+    assert_loads(&b.path, PLAIN, false);
+    assert_loads(&b.path, WASI, false);
 }
 
 /// Exports `handle` of another type and imports nothing: refused as not

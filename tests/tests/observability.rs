@@ -195,7 +195,7 @@ async fn metrics_count_a_known_workload(backend: Backend) {
     for label in [
         format!("handler=\"{HANDLER}\""),
         format!("digest=\"{digest}\""),
-        "wit=\"idem:handler@0.1.0\"".to_string(),
+        "wit=\"idem:handler@0.2.0\"".to_string(),
     ] {
         assert!(labels.contains(&label), "{labels} lacks {label}");
     }
@@ -239,7 +239,7 @@ fn info_series(m: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
             let labels = k.strip_prefix("idem_handler_info{")?.strip_suffix('}')?;
             let prefix = format!("handler=\"{HANDLER}\",digest=\"");
             let (digest, rest) = labels.strip_prefix(&prefix)?.split_once('"')?;
-            assert_eq!(rest, ",wit=\"idem:handler@0.1.0\"", "{k}");
+            assert_eq!(rest, ",wit=\"idem:handler@0.2.0\"", "{k}");
             Some((digest.to_string(), *v))
         })
         .collect();

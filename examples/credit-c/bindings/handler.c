@@ -3,18 +3,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `idem:handler/transaction@0.1.0`
+// Imported Functions from `idem:handler/transaction@0.2.0`
 
-__attribute__((__import_module__("idem:handler/transaction@0.1.0"), __import_name__("execute")))
+__attribute__((__import_module__("idem:handler/transaction@0.2.0"), __import_name__("execute")))
 extern void __wasm_import_idem_handler_transaction_execute(uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
-__attribute__((__import_module__("idem:handler/transaction@0.1.0"), __import_name__("query")))
+__attribute__((__import_module__("idem:handler/transaction@0.2.0"), __import_name__("query")))
 extern void __wasm_import_idem_handler_transaction_query(uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
-// Imported Functions from `idem:handler/log@0.1.0`
+// Imported Functions from `idem:handler/log@0.2.0`
 
-__attribute__((__import_module__("idem:handler/log@0.1.0"), __import_name__("log")))
+__attribute__((__import_module__("idem:handler/log@0.2.0"), __import_name__("log")))
 extern void __wasm_import_idem_handler_log_log(int32_t, uint8_t *, size_t);
+
+// Imported Functions from `idem:handler/outbox@0.2.0`
+
+__attribute__((__import_module__("idem:handler/outbox@0.2.0"), __import_name__("publish")))
+extern void __wasm_import_idem_handler_outbox_publish(uint8_t *, size_t, uint8_t *, size_t, uint8_t *, size_t, int32_t, uint8_t *, size_t, uint8_t *);
+
+__attribute__((__import_module__("idem:handler/outbox@0.2.0"), __import_name__("call")))
+extern void __wasm_import_idem_handler_outbox_call(uint8_t *, size_t, uint8_t *, size_t, uint8_t *, size_t, int32_t, uint8_t *, size_t, uint8_t *);
 
 // Exported Functions from `handler`
 
@@ -208,6 +216,36 @@ void idem_handler_transaction_result_rows_db_error_free(idem_handler_transaction
   }
 }
 
+void idem_handler_outbox_outbox_error_free(idem_handler_outbox_outbox_error_t *ptr) {
+  switch ((int32_t) ptr->tag) {
+    case 0: {
+      handler_string_free(&ptr->val.not_granted);
+      break;
+    }
+    case 1: {
+      handler_string_free(&ptr->val.over_limit);
+      break;
+    }
+    case 2: {
+      handler_string_free(&ptr->val.invalid);
+      break;
+    }
+  }
+}
+
+void handler_option_string_free(handler_option_string_t *ptr) {
+  if (ptr->is_some) {
+    handler_string_free(&ptr->val);
+  }
+}
+
+void idem_handler_outbox_result_void_outbox_error_free(idem_handler_outbox_result_void_outbox_error_t *ptr) {
+  if (!ptr->is_err) {
+  } else {
+    idem_handler_outbox_outbox_error_free(&ptr->val.err);
+  }
+}
+
 void handler_message_free(handler_message_t *ptr) {
   idem_handler_types_message_free(ptr);
 }
@@ -315,6 +353,124 @@ bool idem_handler_transaction_query(handler_string_t *sql, idem_handler_transact
 
 void idem_handler_log_log(idem_handler_log_level_t level, handler_string_t *message) {
   __wasm_import_idem_handler_log_log((int32_t) level, (uint8_t *) (*message).ptr, (*message).len);
+}
+
+bool idem_handler_outbox_publish(handler_string_t *subject, handler_list_u8_t *payload, handler_list_tuple2_string_string_t *headers, handler_string_t *maybe_key, idem_handler_outbox_outbox_error_t *err) {
+  __attribute__((__aligned__(sizeof(void*))))
+  uint8_t ret_area[(4*sizeof(void*))];
+  handler_option_string_t key;
+  key.is_some = maybe_key != NULL;if (maybe_key) {
+    key.val = *maybe_key;
+  }
+  int32_t option;
+  uint8_t * option2;
+  size_t option3;
+  if ((key).is_some) {
+    const handler_string_t *payload1 = &(key).val;
+    option = 1;
+    option2 = (uint8_t *) (*payload1).ptr;
+    option3 = (*payload1).len;
+  } else {
+    option = 0;
+    option2 = 0;
+    option3 = 0;
+  }
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  __wasm_import_idem_handler_outbox_publish((uint8_t *) (*subject).ptr, (*subject).len, (uint8_t *) (*payload).ptr, (*payload).len, (uint8_t *) (*headers).ptr, (*headers).len, option, option2, option3, ptr);
+  idem_handler_outbox_result_void_outbox_error_t result;
+  switch ((int32_t) *((uint8_t*) (ptr + 0))) {
+    case 0: {
+      result.is_err = false;
+      break;
+    }
+    case 1: {
+      result.is_err = true;
+      idem_handler_outbox_outbox_error_t variant;
+      variant.tag = (int32_t) *((uint8_t*) (ptr + sizeof(void*)));
+      switch ((int32_t) variant.tag) {
+        case 0: {
+          variant.val.not_granted = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+        case 1: {
+          variant.val.over_limit = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+        case 2: {
+          variant.val.invalid = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+      }
+
+      result.val.err = variant;
+      break;
+    }
+  }
+  if (!result.is_err) {
+    return 1;
+  } else {
+    *err = result.val.err;
+    return 0;
+  }
+}
+
+bool idem_handler_outbox_call(handler_string_t *endpoint, handler_list_u8_t *body, handler_list_tuple2_string_string_t *headers, handler_string_t *maybe_key, idem_handler_outbox_outbox_error_t *err) {
+  __attribute__((__aligned__(sizeof(void*))))
+  uint8_t ret_area[(4*sizeof(void*))];
+  handler_option_string_t key;
+  key.is_some = maybe_key != NULL;if (maybe_key) {
+    key.val = *maybe_key;
+  }
+  int32_t option;
+  uint8_t * option1;
+  size_t option2;
+  if ((key).is_some) {
+    const handler_string_t *payload0 = &(key).val;
+    option = 1;
+    option1 = (uint8_t *) (*payload0).ptr;
+    option2 = (*payload0).len;
+  } else {
+    option = 0;
+    option1 = 0;
+    option2 = 0;
+  }
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  __wasm_import_idem_handler_outbox_call((uint8_t *) (*endpoint).ptr, (*endpoint).len, (uint8_t *) (*body).ptr, (*body).len, (uint8_t *) (*headers).ptr, (*headers).len, option, option1, option2, ptr);
+  idem_handler_outbox_result_void_outbox_error_t result;
+  switch ((int32_t) *((uint8_t*) (ptr + 0))) {
+    case 0: {
+      result.is_err = false;
+      break;
+    }
+    case 1: {
+      result.is_err = true;
+      idem_handler_outbox_outbox_error_t variant;
+      variant.tag = (int32_t) *((uint8_t*) (ptr + sizeof(void*)));
+      switch ((int32_t) variant.tag) {
+        case 0: {
+          variant.val.not_granted = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+        case 1: {
+          variant.val.over_limit = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+        case 2: {
+          variant.val.invalid = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (2*sizeof(void*))))), (*((size_t*) (ptr + (3*sizeof(void*))))) };
+          break;
+        }
+      }
+
+      result.val.err = variant;
+      break;
+    }
+  }
+  if (!result.is_err) {
+    return 1;
+  } else {
+    *err = result.val.err;
+    return 0;
+  }
 }
 
 __attribute__((__export_name__("handle")))

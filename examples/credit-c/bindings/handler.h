@@ -158,6 +158,37 @@ typedef uint8_t idem_handler_log_level_t;
 #define IDEM_HANDLER_LOG_LEVEL_WARN 2
 #define IDEM_HANDLER_LOG_LEVEL_ERROR 3
 
+// Why the host refused to store a publish or call. The transaction
+// stays usable and nothing was stored.
+typedef struct idem_handler_outbox_outbox_error_t {
+  uint8_t tag;
+  union {
+    handler_string_t     not_granted;
+    handler_string_t     over_limit;
+    handler_string_t     invalid;
+  } val;
+} idem_handler_outbox_outbox_error_t;
+
+// The subject or endpoint is not granted to this handler.
+#define IDEM_HANDLER_OUTBOX_OUTBOX_ERROR_NOT_GRANTED 0
+// Past the per-message cap on calls or bytes.
+#define IDEM_HANDLER_OUTBOX_OUTBOX_ERROR_OVER_LIMIT 1
+// A subject, header or key the host cannot carry (empty, a
+// wildcard, control characters, a header the host sets, ...).
+#define IDEM_HANDLER_OUTBOX_OUTBOX_ERROR_INVALID 2
+
+typedef struct {
+  bool is_some;
+  handler_string_t val;
+} handler_option_string_t;
+
+typedef struct {
+  bool is_err;
+  union {
+    idem_handler_outbox_outbox_error_t err;
+  } val;
+} idem_handler_outbox_result_void_outbox_error_t;
+
 typedef idem_handler_types_message_t handler_message_t;
 
 typedef idem_handler_types_handler_error_t handler_handler_error_t;
@@ -169,14 +200,24 @@ typedef struct {
   } val;
 } handler_result_void_handler_error_t;
 
-// Imported Functions from `idem:handler/transaction@0.1.0`
+// Imported Functions from `idem:handler/transaction@0.2.0`
 // Runs one INSERT, UPDATE or DELETE; returns the number of rows affected.
 extern bool idem_handler_transaction_execute(handler_string_t *sql, idem_handler_transaction_list_value_t *params, uint64_t *ret, idem_handler_transaction_db_error_t *err);
 // Runs one SELECT (or a statement with RETURNING); returns its rows.
 extern bool idem_handler_transaction_query(handler_string_t *sql, idem_handler_transaction_list_value_t *params, idem_handler_transaction_rows_t *ret, idem_handler_transaction_db_error_t *err);
 
-// Imported Functions from `idem:handler/log@0.1.0`
+// Imported Functions from `idem:handler/log@0.2.0`
 extern void idem_handler_log_log(idem_handler_log_level_t level, handler_string_t *message);
+
+// Imported Functions from `idem:handler/outbox@0.2.0`
+// Publishes `payload` with `headers` to `subject` after the commit.
+// Messages with the same `key` leave in commit order; without a key,
+// in any order.
+extern bool idem_handler_outbox_publish(handler_string_t *subject, handler_list_u8_t *payload, handler_list_tuple2_string_string_t *headers, handler_string_t *maybe_key, idem_handler_outbox_outbox_error_t *err);
+// POSTs `body` with `headers` to the endpoint the config names
+// `endpoint` after the commit, retried with the same `Idempotency-Key`
+// until it answers 2xx. Calls with the same `key` leave in commit order.
+extern bool idem_handler_outbox_call(handler_string_t *endpoint, handler_list_u8_t *body, handler_list_tuple2_string_string_t *headers, handler_string_t *maybe_key, idem_handler_outbox_outbox_error_t *err);
 
 // Exported Functions from `handler`
 bool exports_handler_handle(handler_message_t *msg, handler_handler_error_t *err);
@@ -216,6 +257,12 @@ void idem_handler_transaction_list_value_free(idem_handler_transaction_list_valu
 void idem_handler_transaction_result_u64_db_error_free(idem_handler_transaction_result_u64_db_error_t *ptr);
 
 void idem_handler_transaction_result_rows_db_error_free(idem_handler_transaction_result_rows_db_error_t *ptr);
+
+void idem_handler_outbox_outbox_error_free(idem_handler_outbox_outbox_error_t *ptr);
+
+void handler_option_string_free(handler_option_string_t *ptr);
+
+void idem_handler_outbox_result_void_outbox_error_free(idem_handler_outbox_result_void_outbox_error_t *ptr);
 
 void handler_message_free(handler_message_t *ptr);
 

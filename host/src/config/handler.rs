@@ -4,6 +4,7 @@
 
 use crate::config::start::StartPosition;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -31,6 +32,15 @@ pub struct HandlerConfig {
     /// Tables the handler's SQL may touch. Everything else is denied.
     #[serde(default)]
     pub tables: Vec<String>,
+    /// Subjects the handler's outbox may publish to, NATS wildcards allowed
+    /// (`orders.accepted`, `audit.>`); none starting with `$`. Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub publish: Vec<String>,
+    /// Endpoints the handler's outbox may call: name → `http(s)://` URL
+    /// (`{ notify = "http://127.0.0.1:8088/notify" }`); the guest names an
+    /// endpoint, never a URL. Default none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub endpoints: BTreeMap<String, String>,
     /// Directory of sqlx migrations (`NNNN_name.sql`) applied at start, recorded per handler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migrations: Option<PathBuf>,
@@ -112,6 +122,13 @@ pub struct HandlerConfig {
     /// dropped and counted. Default 64.
     #[serde(default = "default_max_log_kib")]
     pub max_log_kib: usize,
+    /// Most outbox publishes and calls one message may make. Default 16.
+    #[serde(default = "default_max_outbox_calls")]
+    pub max_outbox_calls: u32,
+    /// Bytes one message's outbox calls may carry, all together (subjects
+    /// or endpoint names, payloads, headers, keys), in KiB. Default 1024.
+    #[serde(default = "default_max_outbox_kib")]
+    pub max_outbox_kib: usize,
     /// Link an empty WASI context (no preopens, no network, no environment,
     /// stdout/stderr to the host log) for a guest whose toolchain cannot avoid
     /// WASI imports. Default false: a guest importing WASI is refused at load.
@@ -175,6 +192,12 @@ fn default_max_param_kib() -> usize {
 }
 fn default_max_log_kib() -> usize {
     64
+}
+fn default_max_outbox_calls() -> u32 {
+    16
+}
+fn default_max_outbox_kib() -> usize {
+    1024
 }
 fn default_concurrency() -> usize {
     1

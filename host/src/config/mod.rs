@@ -374,6 +374,9 @@ impl Config {
                     h.name
                 ));
             }
+            for why in crate::outbox::grants::check(&h.publish, &h.endpoints) {
+                problems.push(format!("handler `{}`: {why}", h.name));
+            }
             if h.max_statements == 0 || h.max_rows == 0 {
                 problems.push(format!(
                     "handler `{}`: max_statements and max_rows must be at least 1",

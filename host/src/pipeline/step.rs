@@ -44,6 +44,9 @@ pub struct PreparedHandler {
     /// slack, [`HandlerConfig::statement_timeout`]).
     statement_timeout: Duration,
     stats: Arc<HandlerStats>,
+    /// Woken after a COMMIT that stored outbox rows: this host's relay
+    /// ([`crate::outbox::relay::Relay::waker`]).
+    outbox_wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How [`PreparedHandler::apply`] ended when every database step worked.
@@ -126,6 +129,23 @@ impl PreparedHandler {
             role,
             statement_timeout: cfg.statement_timeout(),
             stats,
+            outbox_wake: None,
+        }
+    }
+
+    /// Wakes `relay` (a relay's [`crate::outbox::relay::Relay::waker`])
+    /// after each COMMIT that stored outbox rows, so they leave at once
+    /// rather than at the relay's next poll.
+    pub fn wake_relay(&mut self, relay: Arc<tokio::sync::Notify>) {
+        self.outbox_wake = Some(relay);
+    }
+
+    /// After a COMMIT that stored `rows` outbox rows.
+    fn committed_outbox(&self, rows: usize) {
+        if rows > 0
+            && let Some(wake) = &self.outbox_wake
+        {
+            wake.notify_one();
         }
     }
 
@@ -213,14 +233,17 @@ impl PreparedHandler {
         }
         let guest_started = Instant::now();
         match self.run_guest(&component, tx, msg).await {
-            Ok(tx) => {
+            Ok((tx, outbox_rows)) => {
                 let handler = guest_started.elapsed();
                 let commit_started = Instant::now();
                 match tx.commit().await {
-                    Ok(()) => Ok(Applied::Committed(CommitTimings {
-                        handler,
-                        commit: commit_started.elapsed(),
-                    })),
+                    Ok(()) => {
+                        self.committed_outbox(outbox_rows);
+                        Ok(Applied::Committed(CommitTimings {
+                            handler,
+                            commit: commit_started.elapsed(),
+                        }))
+                    }
                     Err(error) => Err(StepFailed {
                         step: "COMMIT",
                         error,
@@ -231,8 +254,8 @@ impl PreparedHandler {
         }
     }
 
-    /// Runs the guest on `msg` inside `tx`. `Ok(tx)`: the guest succeeded,
-    /// commit `tx`. `Err`: the guest failed and `tx` was rolled back,
+    /// Runs the guest on `msg` inside `tx`. `Ok((tx, rows))`: the guest
+    /// succeeded (and stored `rows` outbox rows), commit `tx`. `Err`: the guest failed and `tx` was rolled back,
     /// bounded by the statement timeout + 5 s (a statement the runtime
     /// abandoned at the deadline is cancelled by the statement timeout
     /// first); how the rollback ended is returned with the failure.
@@ -241,10 +264,11 @@ impl PreparedHandler {
         component: &HandlerComponent,
         tx: Tx,
         msg: GuestMessage,
-    ) -> Result<Tx, (HandlerFailure, Rollback)> {
+    ) -> Result<(Tx, usize), (HandlerFailure, Rollback)> {
         let (result, tx) = self.call_guest(component, tx, msg).await;
-        let Err(failure) = result else {
-            return Ok(tx);
+        let failure = match result {
+            Ok(rows) => return Ok((tx, rows)),
+            Err(failure) => failure,
         };
         let bound = self.statement_timeout + Duration::from_secs(5);
         let rollback = match tokio::time::timeout(bound, tx.rollback()).await {
@@ -352,6 +376,7 @@ impl PreparedHandler {
         }
         let mut items = Vec::with_capacity(msgs.len());
         let mut taken_back: Vec<String> = Vec::new();
+        let mut outbox_rows = 0;
         let batch_started = Instant::now();
         let budget = batch_budget(self.limits.deadline);
         for (msg, new) in msgs.into_iter().zip(new) {
@@ -380,7 +405,10 @@ impl PreparedHandler {
             tx = self.end_message(back, applied).await?;
             items.push(match result {
                 _ if conflict => BatchItem::Conflict,
-                Ok(()) => BatchItem::Applied(started.elapsed()),
+                Ok(rows) => {
+                    outbox_rows += rows;
+                    BatchItem::Applied(started.elapsed())
+                }
                 Err(failure) => BatchItem::GuestFailed(failure),
             });
             if !applied {
@@ -393,10 +421,13 @@ impl PreparedHandler {
         }
         let commit_started = Instant::now();
         match tx.commit().await {
-            Ok(()) => Ok(BatchApplied {
-                items,
-                commit: commit_started.elapsed(),
-            }),
+            Ok(()) => {
+                self.committed_outbox(outbox_rows);
+                Ok(BatchApplied {
+                    items,
+                    commit: commit_started.elapsed(),
+                })
+            }
             Err(error) => Err(StepFailed {
                 step: "COMMIT",
                 error,
@@ -443,13 +474,16 @@ impl PreparedHandler {
         }
     }
 
-    /// Calls the guest's `handle` on `msg` inside `tx` and hands `tx` back.
+    /// Calls the guest's `handle` on `msg` inside `tx` and hands `tx` back;
+    /// when it succeeded, its outbox calls are stored in `tx` first, and
+    /// `Ok` says how many.
     async fn call_guest(
         &self,
         component: &HandlerComponent,
         tx: Tx,
         msg: GuestMessage,
-    ) -> (Result<(), HandlerFailure>, Tx) {
+    ) -> (Result<usize, HandlerFailure>, Tx) {
+        let message_id = msg.message_id.clone();
         let call = Invocation {
             handler: self.name.clone(),
             message_id: msg.message_id.clone(),
@@ -457,7 +491,25 @@ impl PreparedHandler {
             limits: self.limits.clone(),
             stats: self.stats.clone(),
         };
-        self.runtime.handle(component, &call, tx, msg).await
+        let (result, mut tx) = self.runtime.handle(component, &call, tx, msg).await;
+        let entries = match result {
+            Ok(entries) => entries,
+            Err(failure) => return (Err(failure), tx),
+        };
+        if entries.is_empty() {
+            return (Ok(0), tx);
+        }
+        // In the message's transaction (and savepoint, in a batch): the rows
+        // commit with its effects and receipt, or not at all.
+        match tx.insert_outbox(&self.name, &message_id, &entries).await {
+            Ok(()) => (Ok(entries.len()), tx),
+            Err(e) => (
+                Err(HandlerFailure::Retry(format!(
+                    "cannot store the message's outbox rows: {e}"
+                ))),
+                tx,
+            ),
+        }
     }
 }
 
@@ -480,5 +532,6 @@ fn limits(cfg: &HandlerConfig) -> Limits {
         max_result_bytes: cfg.max_result_kib.saturating_mul(1024),
         max_param_bytes: cfg.max_param_kib.saturating_mul(1024),
         max_log_bytes: cfg.max_log_kib.saturating_mul(1024),
+        outbox: Arc::new(crate::outbox::OutboxGrants::of_handler(cfg)),
     }
 }

@@ -1,5 +1,6 @@
-//! The host side of `wit/handler.wit`, generated in one place, and the
-//! conversions between its types and the store's database-neutral ones.
+//! The host side of `wit/handler.wit` (0.2.0) and of the 0.1.0 world kept
+//! beside it, generated in one place, and the conversions between their
+//! types and the store's database-neutral ones.
 
 #![allow(unsafe_code, missing_docs, clippy::all)]
 // Guest- and message-supplied bytes are read with `get`, iterators and
@@ -11,20 +12,50 @@ use crate::store::{
     DbError as StoreDbError, DbErrorKind as StoreDbErrorKind, Rows as StoreRows, SqlValue,
 };
 
-wasmtime::component::bindgen!({
-    world: "handler",
-    path: "../wit",
-    // Host imports are async (they await the database) and trappable (a
-    // deadline that runs out inside a statement stops the guest).
-    imports: { default: async | trappable },
-    exports: { default: async },
-});
+/// The world `idem:handler/handler@0.2.0` (`wit/handler.wit`): the one the
+/// host is written against.
+mod v0_2 {
+    wasmtime::component::bindgen!({
+        world: "handler",
+        path: "../wit",
+        // Host imports are async (they await the database) and trappable (a
+        // deadline that runs out inside a statement stops the guest).
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}
 
-pub use self::idem::handler::log::Level;
-pub use self::idem::handler::types::{DbError, DbErrorKind, Rows, Value};
+/// The world `idem:handler/handler@0.1.0` (`wit/versions/0.1.0`), without
+/// `outbox`: its imports are served by the 0.2.0 ones (`world_v0_1`), so a
+/// component built for it runs unchanged.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        world: "handler",
+        path: "../wit/versions/0.1.0",
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}
+
+pub use v0_2::*;
+
+/// The 0.1.0 interfaces.
+pub use v0_1::idem::handler as handler_v0_1;
+/// The 0.2.0 interfaces.
+pub use v0_2::idem::handler;
+
+pub use self::handler::log::Level;
+pub use self::handler::outbox::OutboxError;
+pub use self::handler::types::{DbError, DbErrorKind, Rows, Value};
 
 /// The import names the host provides; a component may import no others.
-pub const PROVIDED_IMPORTS: [&str; 3] = [
+/// Both versions of the world are served: 0.1.0's interfaces by the same
+/// code as 0.2.0's.
+pub const PROVIDED_IMPORTS: [&str; 7] = [
+    "idem:handler/types@0.2.0",
+    "idem:handler/transaction@0.2.0",
+    "idem:handler/log@0.2.0",
+    "idem:handler/outbox@0.2.0",
     "idem:handler/types@0.1.0",
     "idem:handler/transaction@0.1.0",
     "idem:handler/log@0.1.0",

@@ -50,7 +50,7 @@ impl ComponentSlot {
     /// A slot for handler `handler` holding `component`; its
     /// `idem_handler_info` series is that component's digest alone.
     pub fn new(handler: &str, component: Arc<HandlerComponent>) -> Self {
-        handler_info::running(handler, component.digest());
+        handler_info::running(handler, component.digest(), component.wit());
         ComponentSlot {
             handler: Arc::from(handler),
             current: ArcSwap::new(component),
@@ -70,9 +70,9 @@ impl ComponentSlot {
     /// any older one is removed), forgets a refused version, and returns
     /// the component it replaced.
     pub fn swap(&self, next: Arc<HandlerComponent>) -> Arc<HandlerComponent> {
-        let digest = next.digest().to_owned();
+        let (digest, wit) = (next.digest().to_owned(), next.wit());
         let old = self.current.swap(next);
-        handler_info::swapped(&self.handler, old.digest(), &digest);
+        handler_info::swapped(&self.handler, (old.digest(), old.wit()), (&digest, wit));
         if let Ok(mut refused) = self.refused.lock() {
             *refused = None;
         }

@@ -1,7 +1,8 @@
 //! The `idem_handler_info` series: which component each handler runs now
 //! (value 1) and the one it ran before its last swap (value 0), labelled
 //! `handler`, `digest` (hex SHA-256 of the component) and `wit` (the WIT
-//! package, [`WIT_PACKAGE`]).
+//! package version it was built for, [`crate::runtime::WIT_PACKAGE`] or an
+//! earlier one).
 //!
 //! A handler has at most these two series, however many versions it is
 //! swapped through (ARCHITECTURE.md, "Code map", `metrics.rs`). They are
@@ -15,7 +16,6 @@
 //! process that serves no `/metrics` (an admin command, an in-process test
 //! host) keeps one small entry per handler it prepared and never reads it.
 
-use crate::runtime::WIT_PACKAGE;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Mutex, PoisonError};
@@ -29,10 +29,10 @@ const HELP: &str = "1 per handler for the component it runs (sha256 digest, WIT 
 /// The versions of one handler that have a series.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Versions {
-    /// The digest it runs now.
-    current: String,
-    /// The digest it ran before the last swap, if any.
-    left: Option<String>,
+    /// The digest it runs now, and its WIT package.
+    current: (String, &'static str),
+    /// The digest it ran before the last swap, if any, and its WIT package.
+    left: Option<(String, &'static str)>,
 }
 
 /// Every handler's versions, by handler name.
@@ -44,33 +44,35 @@ fn with_series<R>(f: impl FnOnce(&mut BTreeMap<String, Versions>) -> R) -> R {
     f(&mut series)
 }
 
-/// `handler` runs the component `digest` (its first version in this
-/// process): its one series reads 1, any earlier ones are gone.
-pub fn running(handler: &str, digest: &str) {
+/// `handler` runs the component `digest`, built for WIT package `wit` (its
+/// first version in this process): its one series reads 1, any earlier
+/// ones are gone.
+pub fn running(handler: &str, digest: &str, wit: &'static str) {
     with_series(|s| {
         s.insert(
             handler.to_owned(),
             Versions {
-                current: digest.to_owned(),
+                current: (digest.to_owned(), wit),
                 left: None,
             },
         );
     });
 }
 
-/// `handler` swapped from the component `from` to `to`: `to` reads 1,
-/// `from` reads 0, and the series of any version before `from` is removed.
-/// The same digest twice changes nothing.
-pub fn swapped(handler: &str, from: &str, to: &str) {
-    if from == to {
+/// `handler` swapped from the component `from` to `to` (each a digest
+/// and its WIT package): `to` reads 1, `from` reads 0, and the series of
+/// any version before `from` is removed. The same digest twice changes
+/// nothing.
+pub fn swapped(handler: &str, from: (&str, &'static str), to: (&str, &'static str)) {
+    if from.0 == to.0 {
         return;
     }
     with_series(|s| {
         s.insert(
             handler.to_owned(),
             Versions {
-                current: to.to_owned(),
-                left: Some(from.to_owned()),
+                current: (to.0.to_owned(), to.1),
+                left: Some((from.0.to_owned(), from.1)),
             },
         );
     });
@@ -100,13 +102,13 @@ pub fn render(out: &mut String) {
     });
 }
 
-fn line(out: &mut String, handler: &str, digest: &str, value: u8) {
+fn line(out: &mut String, handler: &str, (digest, wit): &(String, &'static str), value: u8) {
     let _ = writeln!(
         out,
         "{NAME}{{handler=\"{}\",digest=\"{}\",wit=\"{}\"}} {value}",
         escape(handler),
         escape(digest),
-        escape(WIT_PACKAGE)
+        escape(wit)
     );
 }
 
@@ -141,36 +143,45 @@ mod tests {
             .collect()
     }
 
+    const V2: &str = "idem:handler@0.2.0";
+    const V1: &str = "idem:handler@0.1.0";
+
     fn series(handler: &str, digest: &str, value: u8) -> String {
+        let wit = if digest == "d39" { V1 } else { V2 };
         format!(
-            "idem_handler_info{{handler=\"{handler}\",digest=\"{digest}\",wit=\"idem:handler@0.1.0\"}} {value}"
+            "idem_handler_info{{handler=\"{handler}\",digest=\"{digest}\",wit=\"{wit}\"}} {value}"
         )
+    }
+
+    /// The WIT package the tests give digest `d`: d39 was built for 0.1.0.
+    fn v(d: &str) -> (&str, &'static str) {
+        (d, if d == "d39" { V1 } else { V2 })
     }
 
     #[test]
     fn a_handler_has_at_most_the_current_and_the_left_version() {
         let h = "unit-swaps";
-        running(h, "d0");
+        running(h, "d0", V2);
         assert_eq!(lines_of(h), [series(h, "d0", 1)]);
         for i in 1..=40 {
-            swapped(h, &format!("d{}", i - 1), &format!("d{i}"));
+            swapped(h, v(&format!("d{}", i - 1)), v(&format!("d{i}")));
         }
         assert_eq!(lines_of(h), [series(h, "d40", 1), series(h, "d39", 0)]);
         // Back to the one it left: the two swap values.
-        swapped(h, "d40", "d39");
+        swapped(h, v("d40"), v("d39"));
         assert_eq!(lines_of(h), [series(h, "d39", 1), series(h, "d40", 0)]);
         // The same digest again changes nothing.
-        swapped(h, "d39", "d39");
+        swapped(h, v("d39"), v("d39"));
         assert_eq!(lines_of(h), [series(h, "d39", 1), series(h, "d40", 0)]);
         // Made again (a new slot): one series.
-        running(h, "d7");
+        running(h, "d7", V2);
         assert_eq!(lines_of(h), [series(h, "d7", 1)]);
     }
 
     #[test]
     fn the_render_has_help_and_type_once_and_escapes_label_values() {
         let h = "unit \"quoted\" \\ name\nnext";
-        running(h, "d");
+        running(h, "d", V1);
         let mut out = String::from("idem_other 1");
         render(&mut out);
         assert!(

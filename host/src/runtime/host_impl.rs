@@ -1,8 +1,9 @@
-//! What a guest can reach: the `transaction` and `log` imports, bounded by the
-//! message's [`Limits`], the memory limiter, and (for a module loaded with
-//! WASI) the empty WASI context, whose clocks and random sources are the
-//! message's ([`super::wasi`]). One [`HostState`] per message; it owns the
-//! message's transaction while the guest runs.
+//! What a guest can reach: the `transaction`, `log` and `outbox` imports,
+//! bounded by the message's [`Limits`], the memory limiter, and (for a
+//! module loaded with WASI) the empty WASI context, whose clocks and random
+//! sources are the message's ([`super::wasi`]). One [`HostState`] per
+//! message; it owns the message's transaction while the guest runs. The
+//! 0.1.0 world's imports are served by these (`world_v0_1`).
 
 // Guest- and message-supplied bytes are read with `get`, iterators and
 // checked splits, never indexed or sliced: an offset out of range would
@@ -10,10 +11,11 @@
 #![deny(clippy::indexing_slicing, clippy::string_slice)]
 
 use super::Limits;
-use super::bindings::{DbError, Level, Rows, Value, idem::handler};
+use super::bindings::{DbError, Level, OutboxError, Rows, Value, handler};
 use super::guest_log::LogSink;
 use super::wasi::{MessageInputs, WasiState};
 use crate::metrics::HandlerStats;
+use crate::outbox::{OutboxCalls, Refusal};
 use crate::sql_guard::SqlGuard;
 use crate::store::{DbErrorKind, SqlValue, StatementError, Tx};
 use std::sync::Arc;
@@ -49,6 +51,9 @@ pub(crate) struct HostState {
     pub(crate) stop: Option<Stop>,
     /// The handler's counters (`unique_violations`).
     stats: Arc<HandlerStats>,
+    /// The publishes and calls the guest made, admitted against the
+    /// handler's grants; stored in the transaction if `handle` returns ok.
+    pub(crate) outbox: OutboxCalls,
 }
 
 impl HostState {
@@ -68,7 +73,9 @@ impl HostState {
             started: Instant::now(),
         };
         let log = LogSink::new(handler, message_id, limits.max_log_bytes);
+        let outbox = OutboxCalls::new(limits.outbox.clone());
         Self {
+            outbox,
             tx,
             guard,
             limits,
@@ -212,6 +219,44 @@ impl handler::log::Host for HostState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         self.log.lock().log(level, &message);
         Ok(())
+    }
+}
+
+impl handler::outbox::Host for HostState {
+    async fn publish(
+        &mut self,
+        subject: String,
+        payload: Vec<u8>,
+        headers: Vec<(String, String)>,
+        key: Option<String>,
+    ) -> wasmtime::Result<Result<(), OutboxError>> {
+        Ok(self
+            .outbox
+            .publish(subject, payload, headers, key)
+            .map_err(OutboxError::from))
+    }
+
+    async fn call(
+        &mut self,
+        endpoint: String,
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+        key: Option<String>,
+    ) -> wasmtime::Result<Result<(), OutboxError>> {
+        Ok(self
+            .outbox
+            .call(endpoint, body, headers, key)
+            .map_err(OutboxError::from))
+    }
+}
+
+impl From<Refusal> for OutboxError {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::NotGranted(m) => OutboxError::NotGranted(m),
+            Refusal::OverLimit(m) => OutboxError::OverLimit(m),
+            Refusal::Invalid(m) => OutboxError::Invalid(m),
+        }
     }
 }
 

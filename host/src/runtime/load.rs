@@ -27,6 +27,8 @@ pub struct HandlerComponent {
     digest: String,
     path: PathBuf,
     wasi: bool,
+    /// The WIT package version it was built for.
+    wit: &'static str,
 }
 
 /// What runs a message: a compiled component, or (cargo feature
@@ -54,6 +56,7 @@ impl HandlerComponent {
             digest: format!("native-{name}"),
             path: PathBuf::from(format!("native:{name}")),
             wasi: false,
+            wit: super::WIT_PACKAGE,
         })
     }
 
@@ -71,6 +74,12 @@ impl HandlerComponent {
     /// was loaded with [`LoadOptions::wasi`] and imports WASI.
     pub fn wasi(&self) -> bool {
         self.wasi
+    }
+
+    /// The WIT package the component was built for: `idem:handler@0.1.0`
+    /// when it imports an interface of 0.1.0, else [`super::WIT_PACKAGE`].
+    pub fn wit(&self) -> &'static str {
+        self.wit
     }
 
     /// Hex SHA-256 of the component file's bytes: recorded with every receipt.
@@ -291,6 +300,15 @@ fn link(
     digest: String,
 ) -> Result<HandlerComponent, LoadError> {
     let p = || path.to_path_buf();
+    let wit = if component
+        .component_type()
+        .imports(engine)
+        .any(|(name, _)| name.starts_with("idem:handler/") && name.ends_with("@0.1.0"))
+    {
+        super::WIT_PACKAGE_V0_1
+    } else {
+        super::WIT_PACKAGE
+    };
     // Imports the host may provide: idem:handler (an unknown one is an
     // ImportMismatch below, with wasmtime's detail) and WASI 0.2.
     let (wasi_imports, foreign): (Vec<String>, Vec<String>) = component
@@ -339,6 +357,7 @@ fn link(
         digest,
         path: p(),
         wasi,
+        wit,
     })
 }
 

@@ -43,6 +43,7 @@ mod load;
 pub mod native;
 pub mod options;
 pub mod wasi;
+mod world_v0_1;
 
 pub use code_size::CompileLimits;
 pub use load::{HandlerComponent, LoadError, LoadOptions};
@@ -61,9 +62,12 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
 
-/// The WIT package every handler component implements (`wit/handler.wit`),
-/// as exported in `idem_handler_info`.
-pub const WIT_PACKAGE: &str = "idem:handler@0.1.0";
+/// The WIT package handler components implement (`wit/handler.wit`), as
+/// exported in `idem_handler_info`.
+pub const WIT_PACKAGE: &str = "idem:handler@0.2.0";
+
+/// The earlier package version, still served (`wit/versions/0.1.0`).
+pub const WIT_PACKAGE_V0_1: &str = "idem:handler@0.1.0";
 
 /// How often the epoch advances: the granularity of deadlines and of a
 /// running guest's yields to the executor.
@@ -93,6 +97,8 @@ pub struct Limits {
     pub max_param_bytes: usize,
     /// The most log output one message may write; the rest is dropped and counted.
     pub max_log_bytes: usize,
+    /// What the message's outbox calls may reach, and their caps.
+    pub outbox: Arc<crate::outbox::OutboxGrants>,
 }
 
 impl Limits {
@@ -114,6 +120,7 @@ impl Default for Limits {
             max_result_bytes: 8 << 20,
             max_param_bytes: 8 << 20,
             max_log_bytes: 64 << 10,
+            outbox: Arc::new(crate::outbox::OutboxGrants::default()),
         }
     }
 }
@@ -297,6 +304,7 @@ impl Runtime {
 
         let mut plain = Linker::new(&engine);
         bindings::Handler::add_to_linker::<HostState, HasSelf<HostState>>(&mut plain, |s| s)?;
+        bindings::v0_1::Handler::add_to_linker::<HostState, HasSelf<HostState>>(&mut plain, |s| s)?;
         let mut with_wasi = plain.clone();
         wasi::add_to_linker(&mut with_wasi)?;
         let linkers = load::Linkers {
@@ -467,7 +475,9 @@ impl Runtime {
 
     /// Runs `handle` for one message in a fresh instance, with `tx` as the
     /// guest's transaction, and hands the transaction back: commit or roll it
-    /// back according to the result. Never panics and never fails the host:
+    /// back according to the result. `Ok` carries the outbox calls the
+    /// guest made (admitted against `call.limits.outbox`, in call order),
+    /// for the caller to store in `tx` before it commits. Never panics and never fails the host:
     /// whatever the guest does becomes a [`HandlerFailure`].
     ///
     /// # Errors
@@ -488,7 +498,7 @@ impl Runtime {
         call: &Invocation,
         tx: Tx,
         msg: GuestMessage,
-    ) -> (Result<(), HandlerFailure>, Tx) {
+    ) -> (Result<Vec<crate::outbox::OutboxEntry>, HandlerFailure>, Tx) {
         if let Some(pre) = component.wasm()
             && !Engine::same(pre.engine(), &self.engine)
         {
@@ -531,6 +541,9 @@ impl Runtime {
         if let Err(failure) = &result {
             tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
         }
+        let mut state = state;
+        // What the guest published or called counts only if it succeeded.
+        let result = result.map(|()| state.outbox.take());
         (result, state.tx)
     }
 
@@ -547,7 +560,7 @@ impl Runtime {
     ) -> (Result<(), HandlerFailure>, HostState) {
         let now = Instant::now();
         let mut store = self.bounded_store(state, deadline);
-        let msg = bindings::idem::handler::types::Message {
+        let msg = bindings::handler::types::Message {
             identity: msg.message_id,
             subject: msg.subject,
             headers: msg.headers,
@@ -603,7 +616,7 @@ enum GuestError {
 async fn call_guest(
     pre: &bindings::HandlerPre<HostState>,
     store: &mut Store<HostState>,
-    msg: &bindings::idem::handler::types::Message,
+    msg: &bindings::handler::types::Message,
 ) -> Result<Result<(), HandlerError>, GuestError> {
     let instance = pre
         .instantiate_async(&mut *store)

@@ -8,7 +8,7 @@
 //! share: instantiation, the component model's copies, wasm code. It is not
 //! sandboxed: its code runs with the host's rights.
 
-use super::bindings::idem::handler::transaction::Host as _;
+use super::bindings::handler::transaction::Host as _;
 use super::bindings::{DbError, Value};
 use super::host_impl::{HostState, Stop};
 use super::{GuestMessage, HandlerFailure, Limits, describe_trap};

@@ -47,6 +47,8 @@ pub struct Host {
     /// The deploy buckets, when the host follows deployments (`[deploy]
     /// follow`).
     deploy: Option<crate::deploy::store::DeployStore>,
+    /// The outbox relay, taken when the host runs.
+    relay: Option<crate::outbox::relay::Relay>,
 }
 
 /// The consumers' `max_ack_pending` on the broker.

@@ -16,8 +16,15 @@ impl Host {
     /// stops, messages fetched but not started are given back, and the
     /// deliveries in flight get `[service] shutdown_grace` to finish before
     /// they are abandoned (rolled back, given back): [`super::shutdown::wind_down`].
-    pub async fn run(self, mode: RunMode, shutdown: CancellationToken) -> Summary {
+    pub async fn run(mut self, mode: RunMode, shutdown: CancellationToken) -> Summary {
         let stop = self.stop.clone();
+        // The relay stops after the consumers: what they commit while
+        // winding down still leaves.
+        let relay_stop = CancellationToken::new();
+        let relay = self
+            .relay
+            .take()
+            .map(|r| tokio::spawn(r.run(relay_stop.clone())));
         let mut tasks = Vec::new();
         let mut consuming = Vec::new();
         for h in &self.handlers {
@@ -105,6 +112,10 @@ impl Host {
         stop.cancel();
         for t in tasks {
             let _ = t.await;
+        }
+        relay_stop.cancel();
+        if let Some(relay) = relay {
+            let _ = relay.await;
         }
         // The naks of the messages given back must leave before the process does.
         let client = self.nats.js.client();

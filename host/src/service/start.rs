@@ -86,6 +86,19 @@ impl Host {
         } else {
             None
         };
+        // Every host relays what committed messages stored in the outbox.
+        let relay = crate::outbox::relay::Relay::new(
+            db.clone(),
+            js.clone(),
+            config
+                .handlers
+                .iter()
+                .map(|h| {
+                    let grants = crate::outbox::OutboxGrants::of_handler(h);
+                    (h.name.clone(), Arc::new(grants))
+                })
+                .collect(),
+        )?;
         let mut handlers = Vec::new();
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
@@ -110,7 +123,8 @@ impl Host {
             if h.pull_size() != h.pull_batch {
                 tracing::info!(handler = %h.name, pull_batch = h.pull_size(), "pull_batch adjusted: at most what ack_wait allows so no buffered message waits past it, at least 2 (raise ack_wait or concurrency, or lower deadline, for bigger batches)");
             }
-            let handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
+            let mut handler = PreparedHandler::prepare(h, module, runtime.clone(), &db).await;
+            handler.wake_relay(relay.waker());
             if let Some(store) = &deploy {
                 crate::deploy::at_start::use_deployed(store, h, &handler).await?;
             }
@@ -133,6 +147,7 @@ impl Host {
             clocks,
             grace: config.service.shutdown_grace,
             deploy,
+            relay: Some(relay),
         })
     }
 }

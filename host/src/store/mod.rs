@@ -37,6 +37,11 @@
 //! - `idem_deploy_marks(handler, sequence, revision, record)`, primary key
 //!   `handler`: the highest deployment sequence a host put in place and
 //!   its record (module `deploy_marks`); it only rises.
+//! - `idem_outbox(id, consumer, message_id, call_index, kind, target, payload,
+//!   headers, ordering_key, attempts, due_ms, last_error)`, unique
+//!   `(consumer, message_id, call_index)`: what committed messages published
+//!   or called, until the relay sent it (module `outbox`). `id` numbers one
+//!   key's rows in commit order; `due_ms` is the next try or a claim's lease.
 //! - `idem_migrations_<handler>`: sqlx's migration record, one table per handler.
 //!
 //! Guest statements run inside a savepoint (`idem_stmt`) of the message's
@@ -53,6 +58,7 @@ mod dead_letters;
 pub(crate) mod deploy_marks;
 mod durability;
 mod error;
+mod outbox;
 mod postgres;
 mod receipts;
 mod retention;
@@ -66,6 +72,7 @@ pub use admin::{ReceiptRow, ReceiptSummary};
 pub use batch::BATCH_LOCK_WAIT;
 pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
+pub use outbox::OutboxRow;
 pub use receipts::{Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 pub use transaction::HandlerRole;

@@ -96,6 +96,18 @@ pub(super) trait HostRow: Send + 'static {
     /// The column is missing, NULL or of another type.
     fn text(&self, i: usize) -> Result<String, sqlx::Error>;
 
+    /// Column `i` as text, `None` for NULL.
+    ///
+    /// # Errors
+    /// The column is missing or of another type.
+    fn opt_text(&self, i: usize) -> Result<Option<String>, sqlx::Error>;
+
+    /// Column `i` as bytes.
+    ///
+    /// # Errors
+    /// The column is missing, NULL or of another type.
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, sqlx::Error>;
+
     /// The row as a dead letter: the columns `id, consumer, message_id,
     /// stream, stream_sequence, subject, reason, headers, payload,
     /// failed_at_ms, published_ns` by name (`failed_at_ms` Unix ms,
@@ -126,6 +138,14 @@ where
     }
 
     fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+        self.try_get(i)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(i)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, sqlx::Error> {
         self.try_get(i)
     }
 

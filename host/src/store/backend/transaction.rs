@@ -194,6 +194,16 @@ pub(in crate::store) trait TxRoles: Transaction {
     async fn enter_role(&mut self, _role: &str) -> Result<(), sqlx::Error> {
         Ok(())
     }
+
+    /// Makes the next host statement run as the host's own user (leaving
+    /// the handler's role where it was entered); the next guest statement
+    /// enters the role again.
+    ///
+    /// # Errors
+    /// The switch cannot be sent.
+    async fn host_turn(&mut self) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
 }
 
 /// Optional: the SQL guard's question of PostgreSQL's catalogs. Absent:

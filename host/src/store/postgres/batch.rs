@@ -25,7 +25,7 @@ const FORGET_RECEIPTS: &str =
 
 /// Back to the session's own user for the host's statements after the
 /// guests' (`SET ROLE NONE`; PostgreSQL manual, "SET ROLE": any user may).
-const LEAVE_ROLE: &str = "SET LOCAL ROLE NONE";
+pub(super) const LEAVE_ROLE: &str = "SET LOCAL ROLE NONE";
 
 impl Batch for Tx {
     /// The message ids of `rows` that were inserted (had no receipt).

@@ -61,6 +61,8 @@ pub struct Tx {
     pending_role: Option<String>,
     /// The handler's role was entered in this transaction.
     role_entered: bool,
+    /// The handler's role of this transaction, once one was given.
+    role: Option<String>,
     /// A guest statement failed on a lock conflict since the last
     /// `Batch::take_conflict`.
     conflict: bool,
@@ -105,6 +107,7 @@ impl Tx {
             largest_row: 0,
             pending_role: None,
             role_entered: false,
+            role: None,
             conflict: false,
             aborted: None,
         }

@@ -166,6 +166,19 @@ impl TxRoles for Tx {
     /// query; sends nothing.
     async fn enter_role(&mut self, role: &str) -> Result<(), sqlx::Error> {
         self.pending_role = Some(role.to_owned());
+        self.role = Some(role.to_owned());
+        Ok(())
+    }
+
+    /// `SET LOCAL ROLE NONE` when the role was entered; the role is
+    /// pending again for the next guest statement.
+    async fn host_turn(&mut self) -> Result<(), sqlx::Error> {
+        if std::mem::take(&mut self.role_entered) {
+            sqlx::raw_sql(AssertSqlSafe(super::batch::LEAVE_ROLE))
+                .execute(&mut *self.tx)
+                .await?;
+            self.pending_role = self.role.clone();
+        }
         Ok(())
     }
 }

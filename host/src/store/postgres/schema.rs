@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// runs right after it.
 const RECEIPTS_DDL: usize = 0;
 
-const HOST_TABLES: [&str; 9] = [
+const HOST_TABLES: [&str; 11] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -30,6 +30,23 @@ const HOST_TABLES: [&str; 9] = [
         revision BIGINT NOT NULL,
         record TEXT NOT NULL
     )",
+    // The outbox (store::outbox): rows of committed messages to send.
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+        id BIGSERIAL PRIMARY KEY,
+        consumer TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        call_index BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        target TEXT NOT NULL,
+        payload BYTEA NOT NULL,
+        headers TEXT NOT NULL,
+        ordering_key TEXT,
+        attempts BIGINT NOT NULL DEFAULT 0,
+        due_ms BIGINT NOT NULL DEFAULT 0,
+        last_error TEXT,
+        UNIQUE (consumer, message_id, call_index)
+    )",
+    "CREATE INDEX IF NOT EXISTS idem_outbox_due ON idem_outbox (due_ms, id)",
     "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id BIGSERIAL PRIMARY KEY,
         consumer TEXT NOT NULL,

@@ -10,7 +10,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 7] = [
+const HOST_TABLES: [&str; 9] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -56,6 +56,23 @@ const HOST_TABLES: [&str; 7] = [
         revision INTEGER NOT NULL,
         record TEXT NOT NULL
     )",
+    // The outbox (store::outbox): rows of committed messages to send.
+    "CREATE TABLE IF NOT EXISTS idem_outbox (
+        id INTEGER PRIMARY KEY,
+        consumer TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        call_index INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        target TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        headers TEXT NOT NULL,
+        ordering_key TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        due_ms INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        UNIQUE (consumer, message_id, call_index)
+    )",
+    "CREATE INDEX IF NOT EXISTS idem_outbox_due ON idem_outbox (due_ms, id)",
 ];
 
 /// Where `idem_dead_letters` is created in [`HOST_TABLES`].

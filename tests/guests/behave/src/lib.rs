@@ -38,6 +38,13 @@
 //!   statements `SELECT <n> AS n /* <pad bytes> */` (`n` from `start`,
 //!   default 0), each text new to the host; on failure rejects like `sql`.
 //!
+//! - `outbox` `{calls: [{publish: subject | call: endpoint, payload?, key?,
+//!   headers?: [[name, value], ...]}, ...], then?: {op, ...}}`: makes each
+//!   outbox call in order (`payload` a string, default empty); at the first
+//!   refused one rejects with `"outbox <i>: <kind>: <message>"` (`kind`
+//!   `not-granted`, `over-limit` or `invalid`); then behaves as `then`
+//!   says, or commits.
+//!
 //! Anything else (or bad JSON) rejects with a reason starting `bad payload`.
 
 use idem_guest::{DbError, Handler, HandlerError, Message, Value, params, tx};
@@ -275,6 +282,13 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
         }
         "steps" => steps(p),
         "many-texts" => many_texts(p),
+        "outbox" => {
+            outbox_calls(p)?;
+            match p.get("then") {
+                Some(then) => behave(then, msg),
+                None => Ok(()),
+            }
+        }
         "credit-then-loop-once" => {
             credit(p)?;
             if msg.delivery_count <= 1 {
@@ -297,6 +311,55 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
             "bad payload: unknown op `{other}`"
         ))),
     }
+}
+
+/// The `outbox` op's calls.
+fn outbox_calls(p: &Json) -> Result<(), HandlerError> {
+    use idem_guest::outbox::{self, OutboxError};
+    let calls = field(p, "calls")?
+        .as_array()
+        .ok_or_else(|| HandlerError::reject("bad payload: `calls` is not an array"))?;
+    for (i, c) in calls.iter().enumerate() {
+        let payload = c.get("payload").and_then(Json::as_str).unwrap_or("");
+        let key = c.get("key").and_then(Json::as_str);
+        let headers: Vec<(&str, &str)> = c
+            .get("headers")
+            .and_then(Json::as_array)
+            .map(|hs| {
+                hs.iter()
+                    .filter_map(|h| Some((h.get(0)?.as_str()?, h.get(1)?.as_str()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let done = match (c.get("publish"), c.get("call")) {
+            (Some(subject), _) => outbox::publish(
+                subject.as_str().unwrap_or(""),
+                payload.as_bytes(),
+                &headers,
+                key,
+            ),
+            (None, Some(endpoint)) => outbox::call(
+                endpoint.as_str().unwrap_or(""),
+                payload.as_bytes(),
+                &headers,
+                key,
+            ),
+            (None, None) => {
+                return Err(HandlerError::reject(
+                    "bad payload: a call needs `publish` or `call`",
+                ));
+            }
+        };
+        if let Err(e) = done {
+            let (kind, m) = match e {
+                OutboxError::NotGranted(m) => ("not-granted", m),
+                OutboxError::OverLimit(m) => ("over-limit", m),
+                OutboxError::Invalid(m) => ("invalid", m),
+            };
+            return Err(HandlerError::Reject(format!("outbox {i}: {kind}: {m}")));
+        }
+    }
+    Ok(())
 }
 
 idem_guest::export_handler!(Behave);

@@ -1,0 +1,288 @@
+//! The relay: sends what committed messages stored in the outbox
+//! (`idem_outbox`), on every host (no leader). A pass claims the due rows
+//! for a lease ([`LEASE`]; PostgreSQL skips rows another host's claim
+//! holds), sends each, and deletes it once sent or makes it due again
+//! later ([`retry_after`]). A host that dies between sending and deleting
+//! leaves the row to be claimed again after the lease; it is sent again
+//! with the same id ([`delivery_id`]): JetStream drops the copy inside the
+//! target stream's duplicate window (a PubAck with `duplicate: true`
+//! counts as sent), and a receiver that honours `Idempotency-Key` sees the
+//! call once. Message processing never waits for the relay.
+//!
+//! A pass runs when a host committed rows ([`Relay::waker`]), and at the
+//! latest every [`POLL`] (what other hosts' rows, and rows due again, wait
+//! for).
+
+use super::Target;
+use super::grants::OutboxGrants;
+use crate::store::{Database, OutboxRow};
+use async_nats::jetstream;
+use sha2::Digest as _;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// How long a claim holds its rows: longer than a send may take
+/// ([`SEND_TIMEOUT`]) and much shorter than JetStream's default duplicate
+/// window (2 min), so a row sent again after a crash is still dropped as a
+/// copy.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The longest wait between passes.
+pub const POLL: Duration = Duration::from_secs(1);
+/// Rows one pass claims.
+pub const CLAIM: u32 = 64;
+/// How long a stopping host keeps sending what is due.
+pub const LAST_PASSES: Duration = Duration::from_secs(5);
+/// The bound on one publish's PubAck or one call's answer.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Tries of one HTTP call; after the last the row is parked (never due
+/// again, kept with its error for an operator).
+pub const MAX_CALL_ATTEMPTS: u32 = 10;
+
+/// The `Nats-Msg-Id` of a publish and the `Idempotency-Key` of a call:
+/// `idem-` and the first 32 hex digits of the SHA-256 of consumer,
+/// message id and call index (NUL-separated). The same on every send of
+/// the row, and on a run of the same message again.
+pub fn delivery_id(consumer: &str, message_id: &str, call_index: u32) -> String {
+    let mut h = sha2::Sha256::new();
+    h.update(consumer.as_bytes());
+    h.update([0]);
+    h.update(message_id.as_bytes());
+    h.update([0]);
+    h.update(call_index.to_be_bytes());
+    let hex = hex::encode(h.finalize());
+    format!("idem-{}", hex.get(..32).unwrap_or(&hex))
+}
+
+/// How long a row waits after its `attempts`-th failed send: doubling from
+/// 100 ms up to 30 s, with jitter ([`crate::backoff::doubling`]).
+pub fn retry_after(attempts: u32) -> Duration {
+    let n = usize::try_from(attempts.saturating_sub(1)).unwrap_or(usize::MAX);
+    crate::backoff::doubling(Duration::from_millis(100), Duration::from_secs(30))
+        .nth(n)
+        .unwrap_or(Duration::from_secs(30))
+}
+
+/// What one send came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// Stored, or answered 2xx.
+    Sent,
+    /// Stored before: the PubAck said `duplicate`.
+    Duplicate,
+}
+
+/// The relay of one host.
+pub struct Relay {
+    db: Arc<Database>,
+    js: jetstream::Context,
+    http: reqwest::Client,
+    /// Per handler, its grants (where its endpoints are).
+    grants: HashMap<String, Arc<OutboxGrants>>,
+    wake: Arc<Notify>,
+    /// The last claim failed (and said so).
+    claim_failing: AtomicBool,
+}
+
+impl Relay {
+    /// A relay sending `db`'s rows through `js` and to the endpoints of
+    /// `grants` (per handler name).
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built (no TLS roots).
+    pub fn new(
+        db: Arc<Database>,
+        js: jetstream::Context,
+        grants: HashMap<String, Arc<OutboxGrants>>,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(SEND_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self {
+            db,
+            js,
+            http,
+            grants,
+            wake: Arc::new(Notify::new()),
+            claim_failing: AtomicBool::new(false),
+        })
+    }
+
+    /// What starts a pass at once: notified by a host that committed rows.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Runs passes until `stop`: at once when woken, else every [`POLL`];
+    /// then, for at most [`LAST_PASSES`], passes until none claims a row,
+    /// so what the host committed last leaves before it exits.
+    pub async fn run(self, stop: CancellationToken) {
+        loop {
+            if self.pass().await == CLAIM as usize {
+                if stop.is_cancelled() {
+                    break;
+                }
+                continue;
+            }
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(POLL) => {}
+            }
+        }
+        let last = async { while self.pass().await > 0 {} };
+        if tokio::time::timeout(LAST_PASSES, last).await.is_err() {
+            tracing::info!("outbox rows are left to send; the next host to run sends them");
+        }
+    }
+
+    /// One pass: claims the due rows and sends them. How many it claimed.
+    pub async fn pass(&self) -> usize {
+        let now = now_ms();
+        let lease = i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
+        let rows = match self.db.claim_outbox(now, lease, CLAIM).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Said once until a claim works again (a database that is
+                // down is also reported by the pipeline).
+                if !self.claim_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cannot claim outbox rows; trying again every {POLL:?}");
+                }
+                return 0;
+            }
+        };
+        self.claim_failing.store(false, Ordering::Relaxed);
+        let claimed = rows.len();
+        for row in rows {
+            let result = self.send(&row).await;
+            let target = match &row.target {
+                Target::Publish(s) | Target::Call(s) => s.as_str(),
+            };
+            let done = match &result {
+                Ok(sent) => {
+                    crate::metrics::outbox_sent(&row.consumer, *sent == Sent::Duplicate);
+                    self.db.outbox_sent(row.id).await
+                }
+                Err(e) => {
+                    crate::metrics::outbox_failed(&row.consumer);
+                    let parked =
+                        matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
+                    let due = if parked {
+                        i64::MAX
+                    } else {
+                        let wait = i64::try_from(retry_after(row.attempts).as_millis())
+                            .unwrap_or(i64::MAX);
+                        now_ms().saturating_add(wait)
+                    };
+                    if parked {
+                        tracing::warn!(handler = %row.consumer, message_id = %crate::deploy::record::bounded(&row.message_id), target, attempts = row.attempts, error = %e, "outbox call failed its last try; the row is kept, not sent again");
+                    } else {
+                        tracing::debug!(handler = %row.consumer, target, attempts = row.attempts, error = %e, "outbox send failed; trying again later");
+                    }
+                    self.db.outbox_failed(row.id, due, e).await
+                }
+            };
+            if let Err(e) = done {
+                tracing::warn!(error = %e, "cannot record an outbox send; the row is sent again after its lease");
+            }
+        }
+        claimed
+    }
+
+    /// Sends `row` once.
+    async fn send(&self, row: &OutboxRow) -> Result<Sent, String> {
+        let id = delivery_id(&row.consumer, &row.message_id, row.call_index);
+        match &row.target {
+            Target::Publish(subject) => self.publish(subject, row, &id).await,
+            Target::Call(endpoint) => self.call(endpoint, row, &id).await,
+        }
+    }
+
+    async fn publish(&self, subject: &str, row: &OutboxRow, id: &str) -> Result<Sent, String> {
+        let mut headers = async_nats::HeaderMap::new();
+        for (k, v) in &row.headers {
+            headers.append(k.as_str(), v.as_str());
+        }
+        headers.insert("Nats-Msg-Id", id);
+        let send = async {
+            let ack = self
+                .js
+                .publish_with_headers(subject.to_owned(), headers, row.payload.clone().into())
+                .await
+                .map_err(|e| format!("cannot publish to {subject}: {e}"))?;
+            ack.await
+                .map_err(|e| format!("no acknowledgement from a stream for {subject}: {e}"))
+        };
+        match tokio::time::timeout(SEND_TIMEOUT, send).await {
+            Ok(Ok(ack)) if ack.duplicate => Ok(Sent::Duplicate),
+            Ok(Ok(_)) => Ok(Sent::Sent),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("no acknowledgement within {SEND_TIMEOUT:?}")),
+        }
+    }
+
+    async fn call(&self, endpoint: &str, row: &OutboxRow, id: &str) -> Result<Sent, String> {
+        let Some(url) = self
+            .grants
+            .get(&row.consumer)
+            .and_then(|g| g.endpoint(endpoint))
+        else {
+            return Err(format!(
+                "endpoint `{endpoint}` is not in handler `{}`'s config (any more)",
+                row.consumer
+            ));
+        };
+        let mut request = self
+            .http
+            .post(url.clone())
+            .header("Idempotency-Key", id)
+            .body(row.payload.clone());
+        for (k, v) in &row.headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("POST {endpoint}: {e}"))?;
+        let status = response.status();
+        if status.is_success() {
+            Ok(Sent::Sent)
+        } else {
+            Err(format!("POST {endpoint}: answered {status}"))
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+    i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_id_is_the_same_for_the_same_call_and_differs_otherwise() {
+        let a = delivery_id("orders", "o-1", 0);
+        assert_eq!(a, delivery_id("orders", "o-1", 0));
+        assert_eq!(a.len(), 5 + 32);
+        assert!(a.starts_with("idem-"));
+        assert_ne!(a, delivery_id("orders", "o-1", 1));
+        assert_ne!(a, delivery_id("orders", "o-2", 0));
+        assert_ne!(a, delivery_id("order", "so-1", 0), "fields are separated");
+    }
+
+    #[test]
+    fn retries_wait_longer_each_time_up_to_a_bound() {
+        assert!(retry_after(1) >= Duration::from_millis(100));
+        assert!(retry_after(1) < Duration::from_millis(200));
+        assert!(retry_after(4) >= Duration::from_millis(800));
+        assert!(retry_after(50) >= Duration::from_secs(30));
+        assert!(retry_after(50) < Duration::from_secs(60));
+    }
+}

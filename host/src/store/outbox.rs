@@ -1,0 +1,254 @@
+//! The outbox table (`idem_outbox`): the rows a message's handler
+//! published or called, inserted in the message's own transaction, and
+//! the relay's claim, send and retry bookkeeping
+//! (ARCHITECTURE.md, "The outbox"). Which rows to send when is
+//! [`crate::outbox::relay`]'s; this is the mechanism.
+
+use super::backend::{HostRow as _, Param, Pool as _, Transaction as _, TxRoles as _};
+use super::{Database, DbKind, StoreError, Tx, dispatch};
+use crate::outbox::{OutboxEntry, Target};
+use sqlx::SqlSafeStr as _;
+
+/// Inserts one row: `$1` consumer, `$2` message id, `$3` call index, `$4`
+/// kind, `$5` target, `$6` payload, `$7` headers (JSON), `$8` key.
+/// A row of a message that was stored already changes nothing.
+const INSERT: &str = "INSERT INTO idem_outbox
+        (consumer, message_id, call_index, kind, target, payload, headers, ordering_key)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+     ON CONFLICT (consumer, message_id, call_index) DO NOTHING";
+
+/// PostgreSQL: waits for any uncommitted row of the same consumer and
+/// key (a transaction-scoped advisory lock on the pair of keys `idem` and
+/// `$1`, [`key_lock`]; the two-key space is apart from the host's one-key
+/// locks, `store::advisory`), so rows of one key are numbered in commit
+/// order.
+const LOCK_KEY: &str = "SELECT pg_advisory_xact_lock(1768187245, ($1::bigint)::integer)";
+
+/// The columns a claim returns, in [`OutboxRow`]'s order.
+macro_rules! claimed_columns {
+    () => {
+        "id, consumer, message_id, call_index, kind, target, payload, headers, ordering_key, attempts"
+    };
+}
+
+/// Claims up to `$3` rows due at `$1` (Unix ms) until `$2` (the lease):
+/// the oldest first, and of the rows with a key only the oldest of its
+/// key, so one key's rows leave one after the other in commit order.
+macro_rules! claim {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE idem_outbox SET due_ms = $2, attempts = attempts + 1
+             WHERE id IN (
+                 SELECT o.id FROM idem_outbox o
+                 WHERE o.due_ms <= $1
+                   AND (o.ordering_key IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM idem_outbox p
+                       WHERE p.consumer = o.consumer AND p.ordering_key = o.ordering_key
+                         AND p.id < o.id))
+                 ORDER BY o.id LIMIT $3",
+            $lock,
+            ") RETURNING ",
+            claimed_columns!()
+        )
+    };
+}
+
+/// PostgreSQL: rows another host's claim holds are skipped, not waited for.
+const CLAIM_POSTGRES: &str = claim!(" FOR UPDATE SKIP LOCKED");
+/// SQLite has one writer: the claim holds the write lock.
+const CLAIM_SQLITE: &str = claim!("");
+
+/// Deletes a sent row.
+const SENT: &str = "DELETE FROM idem_outbox WHERE id = $1";
+/// A failed send: due again at `$2`, with the error `$3`.
+const FAILED: &str = "UPDATE idem_outbox SET due_ms = $2, last_error = $3 WHERE id = $1";
+/// Rows not sent yet, and the oldest one's id.
+const DEPTH: &str = "SELECT count(*), min(id) FROM idem_outbox";
+
+/// One claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// The row's id: its place in commit order among rows of its key.
+    pub id: i64,
+    /// The handler (durable consumer) whose message stored it.
+    pub consumer: String,
+    /// That message's id.
+    pub message_id: String,
+    /// Its place among the message's calls, from 0.
+    pub call_index: u32,
+    /// Where it goes.
+    pub target: Target,
+    /// Payload or request body.
+    pub payload: Vec<u8>,
+    /// Headers, in the guest's order.
+    pub headers: Vec<(String, String)>,
+    /// The ordering key.
+    pub key: Option<String>,
+    /// Sends tried, this one included.
+    pub attempts: u32,
+}
+
+impl Tx {
+    /// Stores `entries`, the outbox calls `consumer`'s handler made for
+    /// `message_id`, in this transaction (as the host's user, where a
+    /// handler role was entered): they commit with the message's effects
+    /// and receipt, or not at all. On PostgreSQL each key's lock is taken
+    /// first, in key order, so one key's rows are numbered in commit order.
+    ///
+    /// # Errors
+    /// A statement fails (the message is then to run again).
+    pub async fn insert_outbox(
+        &mut self,
+        consumer: &str,
+        message_id: &str,
+        entries: &[OutboxEntry],
+    ) -> Result<(), StoreError> {
+        let mut keys: Vec<i64> = entries
+            .iter()
+            .filter_map(|e| e.key.as_deref().map(|k| key_lock(consumer, k)))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let rows: Vec<(i64, &str, &str, String)> = entries
+            .iter()
+            .map(|e| {
+                let (kind, target) = match &e.target {
+                    Target::Publish(s) => ("publish", s.as_str()),
+                    Target::Call(s) => ("call", s.as_str()),
+                };
+                let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
+                (i64::from(e.index), kind, target, headers)
+            })
+            .collect();
+        dispatch!(&mut self.0, t => {
+            t.host_turn().await?;
+            if kind_of(&*t) == DbKind::Postgres {
+                for k in &keys {
+                    t.run(LOCK_KEY.into_sql_str(), &[Param::Int(*k)]).await?;
+                }
+            }
+            for (e, (index, kind, target, headers)) in entries.iter().zip(&rows) {
+                let params = [
+                    Param::Text(consumer),
+                    Param::Text(message_id),
+                    Param::Int(*index),
+                    Param::Text(kind),
+                    Param::Text(target),
+                    Param::Bytes(&e.payload),
+                    Param::Text(headers),
+                    Param::OptText(e.key.as_deref()),
+                ];
+                t.run(INSERT.into_sql_str(), &params).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        })?;
+        Ok(())
+    }
+}
+
+impl Database {
+    /// Claims up to `limit` rows due at `now_ms` (Unix ms) for `lease_ms`:
+    /// no other claim takes them until then, and a host that dies while
+    /// sending leaves them to be claimed again after it. Oldest first; of
+    /// the rows with a key, only the oldest of each key.
+    ///
+    /// # Errors
+    /// The statement fails, or a row does not decode.
+    pub async fn claim_outbox(
+        &self,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let rows = dispatch!(&self.0, b => {
+            let sql = match b.kind() {
+                DbKind::Postgres => CLAIM_POSTGRES,
+                DbKind::Sqlite => CLAIM_SQLITE,
+            };
+            let params = [
+                Param::Int(now_ms),
+                Param::Int(now_ms.saturating_add(lease_ms)),
+                Param::Int(i64::from(limit)),
+            ];
+            let rows = b.fetch_all(sql.into_sql_str(), &params).await?;
+            rows.iter().map(decode).collect::<Result<Vec<_>, sqlx::Error>>()
+        })?;
+        Ok(rows)
+    }
+
+    /// Deletes the row `id`: it was sent.
+    ///
+    /// # Errors
+    /// The statement fails.
+    pub async fn outbox_sent(&self, id: i64) -> Result<(), StoreError> {
+        dispatch!(&self.0, b => b.run(SENT.into_sql_str(), &[Param::Int(id)]).await)?;
+        Ok(())
+    }
+
+    /// Row `id` could not be sent: due again at `due_ms`, with `error`.
+    ///
+    /// # Errors
+    /// The statement fails.
+    pub async fn outbox_failed(&self, id: i64, due_ms: i64, error: &str) -> Result<(), StoreError> {
+        let params = [Param::Int(id), Param::Int(due_ms), Param::Text(error)];
+        dispatch!(&self.0, b => b.run(FAILED.into_sql_str(), &params).await)?;
+        Ok(())
+    }
+
+    /// How many rows wait to be sent, and the oldest one's id.
+    ///
+    /// # Errors
+    /// The query fails.
+    pub async fn outbox_depth(&self) -> Result<(u64, Option<i64>), StoreError> {
+        let (n, oldest) = dispatch!(&self.0, b => {
+            let row = b.fetch_one(DEPTH.into_sql_str(), &[]).await?;
+            Ok::<_, sqlx::Error>((row.int(0)?, row.opt_int(1)?))
+        })?;
+        Ok((u64::try_from(n).unwrap_or(0), oldest))
+    }
+}
+
+/// The second key of `consumer`'s ordering key `key`'s advisory lock:
+/// the first 4 bytes of the SHA-256 of both (NUL-separated), as a signed
+/// 32-bit number.
+fn key_lock(consumer: &str, key: &str) -> i64 {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(consumer.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    let d = h.finalize();
+    let mut four = [0u8; 4];
+    for (b, d) in four.iter_mut().zip(d.iter()) {
+        *b = *d;
+    }
+    i64::from(i32::from_be_bytes(four))
+}
+
+/// Which database the transaction `_t` is on.
+fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
+    T::KIND
+}
+
+fn decode(row: &impl super::backend::HostRow) -> Result<OutboxRow, sqlx::Error> {
+    let bad = |what: &str| sqlx::Error::Decode(format!("idem_outbox: {what}").into());
+    let target = row.text(5)?;
+    let target = match row.text(4)?.as_str() {
+        "publish" => Target::Publish(target),
+        "call" => Target::Call(target),
+        _ => return Err(bad("unknown kind")),
+    };
+    let headers: Vec<(String, String)> =
+        serde_json::from_str(&row.text(7)?).map_err(|_| bad("headers are no JSON pairs"))?;
+    Ok(OutboxRow {
+        id: row.int(0)?,
+        consumer: row.text(1)?,
+        message_id: row.text(2)?,
+        call_index: u32::try_from(row.int(3)?).map_err(|_| bad("call index"))?,
+        target,
+        payload: row.bytes(6)?,
+        headers,
+        key: row.opt_text(8)?,
+        attempts: u32::try_from(row.int(9)?).unwrap_or(u32::MAX),
+    })
+}

@@ -1,0 +1,264 @@
+//! The transactional outbox against real nats-server, PostgreSQL and SQLite,
+//! judged by what arrives: the messages stored in the target stream (with
+//! their `Nats-Msg-Id`) and the requests a loopback HTTP receiver got (with
+//! their `Idempotency-Key`). A message that commits sends each publish and
+//! call once; one that rejects, or whose call is not granted or carries a
+//! header the host sets, sends nothing; a copy of a committed message sends
+//! nothing more; a row sent again (as after a crash between the send and
+//! its delete) is dropped by the stream as a duplicate; a call answered 500
+//! is tried again with the same key. A component built for the 0.1.0 world
+//! runs beside the 0.2.0 one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem::outbox::relay::delivery_id;
+use idem_tests::examples::credit_log_migrations;
+use idem_tests::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// One request the receiver got: path, `Idempotency-Key`, body.
+type Request = (String, String, String);
+
+/// An HTTP receiver on loopback that answers 500 to its first request and
+/// 200 after, and keeps every request.
+async fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got: Arc<Mutex<Vec<Request>>> = Arc::default();
+    let kept = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let (head, body_len) = loop {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        buf.drain(..end + 4);
+                        break (head, len);
+                    }
+                };
+                while buf.len() < body_len {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let path = head
+                    .lines()
+                    .next()
+                    .and_then(|l| l.split(' ').nth(1))
+                    .unwrap_or("")
+                    .to_owned();
+                let key = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("idempotency-key")
+                            .then(|| v.trim().to_owned())
+                    })
+                    .unwrap_or_default();
+                let first = {
+                    let mut got = kept.lock().unwrap();
+                    got.push((path, key, String::from_utf8_lossy(&buf).to_string()));
+                    got.len() == 1
+                };
+                let status = if first {
+                    "500 Internal Server Error"
+                } else {
+                    "200 OK"
+                };
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    (port, got)
+}
+
+fn config(dir: &Path, nats: &Nats, db: &TestDb, port: u16) -> PathBuf {
+    let migrations = credit_log_migrations(dir);
+    let cfg = dir.join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nmax_connections = 6\n\
+             [[handler]]\nname = \"orders\"\nmodule = \"{}\"\nstream = \"ORDERS\"\nsubjects = [\"orders.placed\"]\n\
+             identity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n\
+             publish = [\"orders.accepted\", \"audit.>\"]\n\
+             endpoints = {{ notify = \"http://127.0.0.1:{port}/notify\" }}\n{}\n\
+             [[handler]]\nname = \"legacy\"\nmodule = \"{}\"\nstream = \"ACCOUNTS\"\nsubjects = [\"accounts.credit\"]\n\
+             identity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n{}\n",
+            nats.url(),
+            db.url,
+            guest("behave").display(),
+            migrations.display(),
+            test_batch_line(""),
+            guest("credit-v0-1").display(),
+            migrations.display(),
+            test_batch_line(""),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// The messages stored in stream ACCEPTED: subject, payload, `Nats-Msg-Id`,
+/// `X-Trace`.
+async fn accepted(js: &async_nats::jetstream::Context) -> Vec<(String, String, String, String)> {
+    let stream = js.get_stream("ACCEPTED").await.unwrap();
+    let last = stream.get_info().await.unwrap().state.last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let header = |name: &str| {
+            m.headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        out.push((
+            m.subject.to_string(),
+            String::from_utf8_lossy(&m.payload).to_string(),
+            header("Nats-Msg-Id"),
+            header("X-Trace"),
+        ));
+    }
+    out
+}
+
+/// Waits until the outbox holds no row, then for the relay's pass to end.
+async fn outbox_empty(db: &TestDb) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.scalar("SELECT count(*) FROM idem_outbox").await != Some(0) {
+        assert!(Instant::now() < deadline, "the outbox did not empty");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+on_both_databases!(a_committed_message_sends_each_call_once, sends_once);
+
+async fn sends_once(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, requests) = receiver().await;
+    let cfg = config(dir.path(), &nats, &db, port);
+    create_stream(&nats, "ACCEPTED", &["orders.accepted", "audit.>"]).await;
+    let js = nats.jetstream().await;
+    let host = RunningHost::start(&cfg).await;
+
+    let m1 = json!({"event_id": "m1", "op": "outbox", "calls": [
+        {"publish": "orders.accepted", "payload": "a1", "key": "o1", "headers": [["X-Trace", "t1"]]},
+        {"publish": "audit.orders", "payload": "audit-m1"},
+        {"call": "notify", "payload": "{\"order\":\"o1\"}", "key": "o1"},
+    ], "then": {"op": "credit", "account_id": 1, "amount": 5}});
+    publish(&js, "orders.placed", &m1.to_string(), &[]).await;
+    // Rolled back: nothing it published leaves.
+    let m2 = json!({"event_id": "m2", "op": "outbox",
+        "calls": [{"publish": "orders.accepted", "payload": "a2"}], "then": {"op": "reject"}});
+    publish(&js, "orders.placed", &m2.to_string(), &[]).await;
+    // Not granted; a header the host sets: refused at the call.
+    let m3 = json!({"event_id": "m3", "op": "outbox",
+        "calls": [{"publish": "orders.rejected", "payload": "a3"}]});
+    publish(&js, "orders.placed", &m3.to_string(), &[]).await;
+    let m4 = json!({"event_id": "m4", "op": "outbox", "calls": [
+        {"publish": "orders.accepted", "payload": "a4", "headers": [["Nats-Msg-Id", "mine"]]}]});
+    publish(&js, "orders.placed", &m4.to_string(), &[]).await;
+    // The 0.1.0 component beside it.
+    publish(&js, "accounts.credit", &credit("c1", 2, 7), &[]).await;
+    host.wait_for("orders", "m1 processed, m2-m4 dead-lettered", |s| {
+        s.processed == 1 && s.dead_lettered == 3
+    })
+    .await;
+    host.wait_for("legacy", "c1 processed", |s| s.processed == 1)
+        .await;
+    outbox_empty(&db).await;
+
+    let id = |i| delivery_id("orders", "m1", i);
+    assert_eq!(
+        accepted(&js).await,
+        vec![
+            ("orders.accepted".into(), "a1".into(), id(0), "t1".into()),
+            (
+                "audit.orders".into(),
+                "audit-m1".into(),
+                id(1),
+                String::new()
+            ),
+        ]
+    );
+    // Answered 500 once, then 200: two requests, one key.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while requests.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "the call was not tried again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let call = ("/notify".to_owned(), id(2), "{\"order\":\"o1\"}".to_owned());
+    assert_eq!(*requests.lock().unwrap(), vec![call.clone(), call.clone()]);
+    let mut reasons: Vec<(Option<String>, String)> = db.dead_letters("orders").await;
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        vec![
+            (Some("m2".into()), "rejected: asked to".into()),
+            (
+                Some("m3".into()),
+                "rejected: outbox 0: not-granted: subject `orders.rejected` is not granted to this handler (`publish` in its config)".into()
+            ),
+            (
+                Some("m4".into()),
+                "rejected: outbox 0: invalid: header `Nats-Msg-Id` is set by the host, not by a handler".into()
+            ),
+        ]
+    );
+
+    // A copy of m1: a duplicate, nothing sent again.
+    publish(&js, "orders.placed", &m1.to_string(), &[]).await;
+    host.wait_for("orders", "the copy of m1", |s| s.duplicates == 1)
+        .await;
+    // m1's first row stored again, as a host that died between sending
+    // it and deleting it leaves it: sent again with the same id, the
+    // stream drops the copy.
+    let payload = match backend {
+        Backend::Postgres => "'\\x6131'::bytea",
+        Backend::Sqlite => "X'6131'",
+    };
+    db.execute(&format!(
+        "INSERT INTO idem_outbox (consumer, message_id, call_index, kind, target, payload, headers, ordering_key) \
+         VALUES ('orders', 'm1', 0, 'publish', 'orders.accepted', {payload}, '[[\"X-Trace\",\"t1\"]]', 'o1')"
+    ))
+    .await;
+    outbox_empty(&db).await;
+    host.stop().await;
+    assert_eq!(accepted(&js).await.len(), 2);
+    assert_eq!(requests.lock().unwrap().len(), 2);
+    assert_eq!(db.balance(1).await, Some(5));
+    assert_eq!(db.balance(2).await, Some(7));
+    assert_eq!(db.receipts("orders").await, 1);
+    assert_eq!(db.receipts("legacy").await, 1);
+}
