@@ -6,8 +6,9 @@
 //! header the host sets, sends nothing; a copy of a committed message sends
 //! nothing more; a row sent again (as after a crash between the send and
 //! its delete) is dropped by the stream as a duplicate; a call answered 500
-//! is tried again with the same key. A component built for the 0.1.0 world
-//! runs beside the 0.2.0 one.
+//! is tried again with the same key; a parked call does not hold up the
+//! next row of its key. A component built for the 0.1.0 world runs beside
+//! the 0.2.0 one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -254,8 +255,45 @@ async fn sends_once(backend: Backend) {
     ))
     .await;
     outbox_empty(&db).await;
-    host.stop().await;
     assert_eq!(accepted(&js).await.len(), 2);
+
+    // A call parked after its last try holds its key no longer: the next
+    // row of the key leaves.
+    db.execute(&format!(
+        "INSERT INTO idem_outbox (consumer, message_id, call_index, kind, target, payload, headers, ordering_key, due_ms) \
+         VALUES ('orders', 'm8', 0, 'call', 'notify', {payload}, '[]', 'o9', 9223372036854775807)"
+    ))
+    .await;
+    db.execute(&format!(
+        "INSERT INTO idem_outbox (consumer, message_id, call_index, kind, target, payload, headers, ordering_key) \
+         VALUES ('orders', 'm9', 0, 'publish', 'orders.accepted', {payload}, '[]', 'o9')"
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db
+        .scalar("SELECT count(*) FROM idem_outbox WHERE due_ms < 9223372036854775807")
+        .await
+        != Some(0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the row after a parked one did not leave"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM idem_outbox").await, Some(1));
+    host.stop().await;
+    let stored = accepted(&js).await;
+    assert_eq!(stored.len(), 3);
+    assert_eq!(
+        stored[2],
+        (
+            "orders.accepted".into(),
+            "a1".into(),
+            delivery_id("orders", "m9", 0),
+            String::new()
+        )
+    );
     assert_eq!(requests.lock().unwrap().len(), 2);
     assert_eq!(db.balance(1).await, Some(5));
     assert_eq!(db.balance(2).await, Some(7));

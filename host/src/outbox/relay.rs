@@ -15,13 +15,13 @@
 
 use super::Target;
 use super::grants::OutboxGrants;
-use crate::store::{Database, OutboxRow};
+use crate::store::{Database, OutboxRow, PARKED};
 use async_nats::jetstream;
 use sha2::Digest as _;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +36,9 @@ pub const POLL: Duration = Duration::from_secs(1);
 pub const CLAIM: u32 = 64;
 /// How long a stopping host keeps sending what is due.
 pub const LAST_PASSES: Duration = Duration::from_secs(5);
+/// After this many failed tries of one row, the failure is logged as a
+/// warning (once); the earlier ones at debug level.
+pub const WARN_AFTER_ATTEMPTS: u32 = 3;
 /// The bound on one publish's PubAck or one call's answer.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of one HTTP call; after the last the row is parked (never due
@@ -122,7 +125,7 @@ impl Relay {
     /// so what the host committed last leaves before it exits.
     pub async fn run(self, stop: CancellationToken) {
         loop {
-            if self.pass().await == CLAIM as usize {
+            if self.pass(Some(&stop), Instant::now() + LEASE / 2).await == CLAIM as usize {
                 if stop.is_cancelled() {
                     break;
                 }
@@ -134,14 +137,24 @@ impl Relay {
                 () = tokio::time::sleep(POLL) => {}
             }
         }
-        let last = async { while self.pass().await > 0 {} };
-        if tokio::time::timeout(LAST_PASSES, last).await.is_err() {
-            tracing::info!("outbox rows are left to send; the next host to run sends them");
+        let until = Instant::now() + LAST_PASSES;
+        while Instant::now() < until && self.pass(None, until).await > 0 {}
+        if let Ok((left, _)) = self.db.outbox_depth().await
+            && left > 0
+        {
+            tracing::info!(
+                rows = left,
+                "outbox rows are left to send; the next host to run sends them"
+            );
         }
     }
 
-    /// One pass: claims the due rows and sends them. How many it claimed.
-    pub async fn pass(&self) -> usize {
+    /// One pass: claims the due rows and sends them one by one, until
+    /// `until` or `stop`; the rows it did not get to are given back, due
+    /// at once, so a pass never holds rows past half their lease (another
+    /// host would claim them again and send them twice). How many it
+    /// claimed.
+    pub async fn pass(&self, stop: Option<&CancellationToken>, until: Instant) -> usize {
         let now = now_ms();
         let lease = i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
         let rows = match self.db.claim_outbox(now, lease, CLAIM).await {
@@ -157,40 +170,63 @@ impl Relay {
         };
         self.claim_failing.store(false, Ordering::Relaxed);
         let claimed = rows.len();
+        let mut rows = rows.into_iter();
+        for row in rows.by_ref() {
+            if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled) {
+                self.release(&row).await;
+                break;
+            }
+            self.send_and_record(&row).await;
+        }
         for row in rows {
-            let result = self.send(&row).await;
-            let target = match &row.target {
-                Target::Publish(s) | Target::Call(s) => s.as_str(),
-            };
-            let done = match &result {
-                Ok(sent) => {
-                    crate::metrics::outbox_sent(&row.consumer, *sent == Sent::Duplicate);
-                    self.db.outbox_sent(row.id).await
-                }
-                Err(e) => {
-                    crate::metrics::outbox_failed(&row.consumer);
-                    let parked =
-                        matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
-                    let due = if parked {
-                        i64::MAX
-                    } else {
-                        let wait = i64::try_from(retry_after(row.attempts).as_millis())
-                            .unwrap_or(i64::MAX);
-                        now_ms().saturating_add(wait)
-                    };
-                    if parked {
-                        tracing::warn!(handler = %row.consumer, message_id = %crate::deploy::record::bounded(&row.message_id), target, attempts = row.attempts, error = %e, "outbox call failed its last try; the row is kept, not sent again");
+            self.release(&row).await;
+        }
+        claimed
+    }
+
+    /// Gives `row` back unsent.
+    async fn release(&self, row: &OutboxRow) {
+        if let Err(e) = self.db.outbox_release(row.id, now_ms()).await {
+            tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
+        }
+    }
+
+    /// Sends `row` and records what came of it: deleted once sent, due
+    /// again later when it failed, parked after a call's last try.
+    async fn send_and_record(&self, row: &OutboxRow) {
+        let result = self.send(row).await;
+        let target = match &row.target {
+            Target::Publish(s) | Target::Call(s) => s.as_str(),
+        };
+        let done = match &result {
+            Ok(sent) => {
+                crate::metrics::outbox_sent(&row.consumer, *sent == Sent::Duplicate);
+                self.db.outbox_sent(row.id).await
+            }
+            Err(e) => {
+                crate::metrics::outbox_failed(&row.consumer);
+                let parked =
+                    matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
+                let message_id = crate::deploy::record::bounded(&row.message_id);
+                let due = if parked {
+                    tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox call failed its last try; the row is kept, not sent again");
+                    PARKED
+                } else {
+                    if row.attempts == WARN_AFTER_ATTEMPTS {
+                        tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox send keeps failing; trying again (rows after it with the same key wait)");
                     } else {
                         tracing::debug!(handler = %row.consumer, target, attempts = row.attempts, error = %e, "outbox send failed; trying again later");
                     }
-                    self.db.outbox_failed(row.id, due, e).await
-                }
-            };
-            if let Err(e) = done {
-                tracing::warn!(error = %e, "cannot record an outbox send; the row is sent again after its lease");
+                    let wait =
+                        i64::try_from(retry_after(row.attempts).as_millis()).unwrap_or(i64::MAX);
+                    now_ms().saturating_add(wait)
+                };
+                self.db.outbox_failed(row.id, due, e).await
             }
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "cannot record an outbox send; the row is sent again after its lease");
         }
-        claimed
     }
 
     /// Sends `row` once.

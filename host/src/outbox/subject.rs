@@ -6,6 +6,8 @@
 //! JetStream API `$JS.`, the system account `$SYS.`, KV and object store
 //! buckets `$KV.` and `$O.`, where idem keeps its own deploy records) are
 //! never granted and never published: a handler must not drive the broker.
+//! Nor are `_INBOX.` subjects, where clients wait for replies to their
+//! requests: a handler must not answer for the broker or another service.
 
 /// The longest subject or grant pattern, in bytes.
 pub const MAX_SUBJECT_BYTES: usize = 256;
@@ -51,6 +53,9 @@ fn check_tokens(s: &str, wildcards: bool) -> Result<(), Refusal> {
         return Err(
             "subjects starting with `$` (the broker's API and buckets) are never granted".into(),
         );
+    }
+    if s == "_INBOX" || s.starts_with("_INBOX.") {
+        return Err("`_INBOX.` subjects (replies to requests) are never granted".into());
     }
     let tokens: Vec<&str> = s.split('.').collect();
     let last = tokens.len().saturating_sub(1);
@@ -121,6 +126,7 @@ mod tests {
             "tab\there",
             "$JS.API.STREAM.DELETE.orders",
             "$KV.idem-deployments.credit",
+            "_INBOX.abc.1",
             "é.x",
         ] {
             assert!(check_literal(bad).is_err(), "{bad:?}");
@@ -134,7 +140,9 @@ mod tests {
         for good in ["orders.accepted", "audit.>", "a.*.c", ">", "*"] {
             assert_eq!(check_pattern(good), Ok(()), "{good}");
         }
-        for bad in ["a.>.c", "a*", "a.b*", ">x", "$SYS.>", "", "a..b"] {
+        for bad in [
+            "a.>.c", "a*", "a.b*", ">x", "$SYS.>", "_INBOX.>", "", "a..b",
+        ] {
             assert!(check_pattern(bad).is_err(), "{bad:?}");
         }
     }

@@ -72,7 +72,7 @@ pub use admin::{ReceiptRow, ReceiptSummary};
 pub use batch::BATCH_LOCK_WAIT;
 pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
-pub use outbox::OutboxRow;
+pub use outbox::{OutboxRow, PARKED};
 pub use receipts::{Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 pub use transaction::HandlerRole;

@@ -33,7 +33,8 @@ macro_rules! claimed_columns {
 
 /// Claims up to `$3` rows due at `$1` (Unix ms) until `$2` (the lease):
 /// the oldest first, and of the rows with a key only the oldest of its
-/// key, so one key's rows leave one after the other in commit order.
+/// key, so one key's rows leave one after the other in commit order. A
+/// parked row ([`PARKED`]) holds its key no longer.
 macro_rules! claim {
     ($lock:literal) => {
         concat!(
@@ -44,7 +45,7 @@ macro_rules! claim {
                    AND (o.ordering_key IS NULL OR NOT EXISTS (
                        SELECT 1 FROM idem_outbox p
                        WHERE p.consumer = o.consumer AND p.ordering_key = o.ordering_key
-                         AND p.id < o.id))
+                         AND p.id < o.id AND p.due_ms < 9223372036854775807))
                  ORDER BY o.id LIMIT $3",
             $lock,
             ") RETURNING ",
@@ -57,6 +58,12 @@ macro_rules! claim {
 const CLAIM_POSTGRES: &str = claim!(" FOR UPDATE SKIP LOCKED");
 /// SQLite has one writer: the claim holds the write lock.
 const CLAIM_SQLITE: &str = claim!("");
+
+/// The `due_ms` of a parked row: never due again (kept for an operator).
+pub const PARKED: i64 = i64::MAX;
+
+/// Gives a claimed row back unsent: due at `$2`, its claim not counted.
+const RELEASE: &str = "UPDATE idem_outbox SET due_ms = $2, attempts = attempts - 1 WHERE id = $1";
 
 /// Deletes a sent row.
 const SENT: &str = "DELETE FROM idem_outbox WHERE id = $1";
@@ -192,6 +199,17 @@ impl Database {
     pub async fn outbox_failed(&self, id: i64, due_ms: i64, error: &str) -> Result<(), StoreError> {
         let params = [Param::Int(id), Param::Int(due_ms), Param::Text(error)];
         dispatch!(&self.0, b => b.run(FAILED.into_sql_str(), &params).await)?;
+        Ok(())
+    }
+
+    /// Gives the claimed row `id` back unsent, due at `due_ms`; its claim
+    /// does not count as a try.
+    ///
+    /// # Errors
+    /// The statement fails.
+    pub async fn outbox_release(&self, id: i64, due_ms: i64) -> Result<(), StoreError> {
+        let params = [Param::Int(id), Param::Int(due_ms)];
+        dispatch!(&self.0, b => b.run(RELEASE.into_sql_str(), &params).await)?;
         Ok(())
     }
 
