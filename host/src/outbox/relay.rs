@@ -138,8 +138,13 @@ impl Relay {
             }
         }
         let until = Instant::now() + LAST_PASSES;
-        while Instant::now() < until && self.pass(None, until).await > 0 {}
-        if let Ok((left, _)) = self.db.outbox_depth().await
+        let last = async {
+            while Instant::now() < until && self.pass(None, until).await > 0 {}
+            self.db.outbox_depth().await
+        };
+        // Bounded as a whole: a database that does not answer keeps a
+        // claim waiting for a connection.
+        if let Ok(Ok((left, _))) = tokio::time::timeout(LAST_PASSES, last).await
             && left > 0
         {
             tracing::info!(

@@ -115,7 +115,16 @@ impl Host {
         }
         relay_stop.cancel();
         if let Some(relay) = relay {
-            let _ = relay.await;
+            // A pass stops between rows; one send (or a claim waiting for a
+            // database that does not answer) may take a while: bounded.
+            let bound = crate::outbox::relay::SEND_TIMEOUT + crate::outbox::relay::LAST_PASSES;
+            let abort = relay.abort_handle();
+            if tokio::time::timeout(bound, relay).await.is_err() {
+                abort.abort();
+                tracing::info!(
+                    "the outbox relay did not stop within {bound:?}; what it had claimed is sent after its lease"
+                );
+            }
         }
         // The naks of the messages given back must leave before the process does.
         let client = self.nats.js.client();
