@@ -34,6 +34,9 @@ pub const LEASE: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_secs(1);
 /// Rows one pass claims.
 pub const CLAIM: u32 = 64;
+/// The bound on one claim: a database that does not answer (a pool
+/// waiting for a connection) fails the pass rather than holding it.
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a stopping host keeps sending what is due.
 pub const LAST_PASSES: Duration = Duration::from_secs(5);
 /// After this many failed tries of one row, the failure is logged as a
@@ -123,12 +126,17 @@ impl Relay {
     /// Runs passes until `stop`: at once when woken, else every [`POLL`];
     /// then, for at most [`LAST_PASSES`], passes until none claims a row,
     /// so what the host committed last leaves before it exits.
+    ///
+    /// A stop ends a pass where it is (a row sent and not yet deleted is
+    /// sent again after its lease, with the same id); with a database that
+    /// did not answer the last claim there are no last passes.
     pub async fn run(self, stop: CancellationToken) {
         loop {
-            if self.pass(Some(&stop), Instant::now() + LEASE / 2).await == CLAIM as usize {
-                if stop.is_cancelled() {
-                    break;
-                }
+            let claimed = tokio::select! {
+                () = stop.cancelled() => break,
+                n = self.pass(Some(&stop), Instant::now() + LEASE / 2) => n,
+            };
+            if claimed == CLAIM as usize {
                 continue;
             }
             tokio::select! {
@@ -136,6 +144,9 @@ impl Relay {
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(POLL) => {}
             }
+        }
+        if self.claim_failing.load(Ordering::Relaxed) {
+            return;
         }
         let until = Instant::now() + LAST_PASSES;
         let last = async {
@@ -162,7 +173,14 @@ impl Relay {
     pub async fn pass(&self, stop: Option<&CancellationToken>, until: Instant) -> usize {
         let now = now_ms();
         let lease = i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
-        let rows = match self.db.claim_outbox(now, lease, CLAIM).await {
+        let claim = tokio::time::timeout(CLAIM_TIMEOUT, self.db.claim_outbox(now, lease, CLAIM));
+        let claimed = match claim.await {
+            Ok(claimed) => claimed.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "the database did not answer within {CLAIM_TIMEOUT:?}"
+            )),
+        };
+        let rows = match claimed {
             Ok(rows) => rows,
             Err(e) => {
                 // Said once until a claim works again (a database that is
