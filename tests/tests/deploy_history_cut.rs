@@ -201,13 +201,7 @@ async fn history_cut(backend: Backend) {
     assert_eq!(host.slot("h").current().digest(), d3);
     publish(&js, "accounts.credit", &credit("e5", 1, 16), &[]).await;
     host.wait_for("h", "e5 on v3", |s| s.processed == 2).await;
-    let v3_record = store
-        .current("h")
-        .await
-        .unwrap()
-        .unwrap()
-        .deployment
-        .unwrap();
+    let v3_record = latest_record(&store).await;
     assert!(v3_record.sequence > v2_record.sequence);
     assert_eq!(mark(&db).await, (v3_record.sequence as i64, d3.clone()));
 
@@ -228,13 +222,7 @@ async fn history_cut(backend: Backend) {
     assert_eq!(host.slot("h").refused(), None);
     publish(&js, "accounts.credit", &credit("e6", 1, 32), &[]).await;
     host.wait_for("h", "e6 on v2", |s| s.processed == 3).await;
-    let v2_again = store
-        .current("h")
-        .await
-        .unwrap()
-        .unwrap()
-        .deployment
-        .unwrap();
+    let v2_again = latest_record(&store).await;
     assert_eq!(mark(&db).await, (v2_again.sequence as i64, d2.clone()));
 
     // 5. The handler's key deleted: no record at all. A host started
@@ -284,6 +272,17 @@ async fn history_cut(backend: Backend) {
             ("e7".into(), d2.clone()),
         ]
     );
+}
+
+/// Handler `h`'s latest record in the deployments bucket (there is one).
+async fn latest_record(store: &DeployStore) -> Deployment {
+    store
+        .current("h")
+        .await
+        .unwrap()
+        .unwrap()
+        .deployment
+        .unwrap()
 }
 
 /// Deletes the deployments bucket's stream and makes it again with the
