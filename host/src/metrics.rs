@@ -102,6 +102,10 @@ const HISTOGRAMS: &[(&str, &str)] = &[
         "idem_publish_to_commit_seconds",
         "From the message's publish time to its COMMIT, on the broker's clock.",
     ),
+    (
+        "idem_outbox_delay_seconds",
+        "From an outbox row's storing (in its message's transaction) to its send being acknowledged, on the hosts' clocks.",
+    ),
 ];
 
 /// Gauge names with their unit and help text.
@@ -135,6 +139,21 @@ const GAUGES: &[(&str, Option<Unit>, &str)] = &[
         "idem_retention_seconds",
         Some(Unit::Seconds),
         "The handler's retention window.",
+    ),
+    (
+        "idem_outbox_pending",
+        None,
+        "Outbox rows of the handler and target not sent yet and still tried (read every 5 s).",
+    ),
+    (
+        "idem_outbox_parked",
+        None,
+        "Outbox rows of the handler and target parked after their last try (`idem outbox retry` sends them again).",
+    ),
+    (
+        "idem_outbox_oldest_age_seconds",
+        Some(Unit::Seconds),
+        "Age of the handler and target's oldest pending outbox row (0 without one).",
     ),
 ];
 
@@ -190,6 +209,63 @@ pub fn outbox_sent(handler: &str, duplicate: bool) {
     if duplicate {
         metrics::counter!("idem_outbox_duplicates_total", HANDLER_LABEL => handler.to_owned())
             .increment(1);
+    }
+}
+
+/// Records how long `handler`'s outbox row waited from its storing
+/// (`created_ms`, Unix ms) to now, when its send was acknowledged
+/// (`idem_outbox_delay_seconds`); nothing for a row without a storing time.
+pub fn outbox_delay(handler: &str, created_ms: i64, now_ms: i64) {
+    if created_ms > 0 {
+        let ms = u64::try_from(now_ms.saturating_sub(created_ms)).unwrap_or(0);
+        metrics::histogram!("idem_outbox_delay_seconds", HANDLER_LABEL => handler.to_owned())
+            .record(Duration::from_millis(ms).as_secs_f64());
+    }
+}
+
+/// The outbox gauges (`idem_outbox_pending`, `idem_outbox_parked`,
+/// `idem_outbox_oldest_age_seconds`), per handler and target (labels
+/// `handler`, `target`: `publish:SUBJECT` or `call:ENDPOINT`); a pair that
+/// had rows and has none any more is set to 0.
+#[derive(Debug, Default)]
+pub struct OutboxGauges {
+    /// The label pairs set last time.
+    seen: std::collections::BTreeSet<(String, String)>,
+}
+
+impl OutboxGauges {
+    /// Sets every gauge from `summary` at `now_ms` (Unix ms).
+    pub fn set(&mut self, summary: &[crate::store::OutboxSummary], now_ms: i64) {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in summary {
+            let target = match &s.target {
+                crate::outbox::Target::Publish(t) => format!("publish:{t}"),
+                crate::outbox::Target::Call(t) => format!("call:{t}"),
+            };
+            let age = s.oldest_ms.map_or(0.0, |t| {
+                Duration::from_millis(u64::try_from(now_ms.saturating_sub(t)).unwrap_or(0))
+                    .as_secs_f64()
+            });
+            Self::put(&s.consumer, &target, s.pending, s.parked, age);
+            seen.insert((s.consumer.clone(), target));
+        }
+        for (handler, target) in self.seen.difference(&seen) {
+            Self::put(handler, target, 0, 0, 0.0);
+        }
+        self.seen = seen;
+    }
+
+    fn put(handler: &str, target: &str, pending: u64, parked: u64, age: f64) {
+        let labels = [
+            (HANDLER_LABEL, handler.to_owned()),
+            ("target", target.to_owned()),
+        ];
+        #[allow(clippy::cast_precision_loss)]
+        {
+            metrics::gauge!("idem_outbox_pending", &labels).set(pending as f64);
+            metrics::gauge!("idem_outbox_parked", &labels).set(parked as f64);
+        }
+        metrics::gauge!("idem_outbox_oldest_age_seconds", &labels).set(age);
     }
 }
 
@@ -501,5 +577,64 @@ mod tests {
         s.set_receipts(4, None);
         let snap = s.snapshot();
         assert_eq!((snap.processed, snap.receipts_pruned), (1, 3));
+    }
+
+    #[test]
+    fn outbox_gauges_follow_the_summary_and_fall_to_zero() {
+        use crate::outbox::Target;
+        use crate::store::OutboxSummary;
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let read = || {
+            let mut got: Vec<(String, String, f64)> = snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter_map(|(key, _, _, value)| {
+                    let DebugValue::Gauge(v) = value else {
+                        return None;
+                    };
+                    let key = key.key();
+                    let target = key
+                        .labels()
+                        .find(|l| l.key() == "target")
+                        .map(|l| l.value().to_string())?;
+                    Some((key.name().to_string(), target, v.into_inner()))
+                })
+                .collect();
+            got.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+            got
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let mut gauges = OutboxGauges::default();
+            gauges.set(
+                &[OutboxSummary {
+                    consumer: "orders".into(),
+                    target: Target::Call("notify".into()),
+                    pending: 3,
+                    parked: 1,
+                    oldest_ms: Some(1_000),
+                }],
+                4_500,
+            );
+            assert_eq!(
+                read(),
+                vec![
+                    ("idem_outbox_oldest_age_seconds".into(), "call:notify".into(), 3.5),
+                    ("idem_outbox_parked".into(), "call:notify".into(), 1.0),
+                    ("idem_outbox_pending".into(), "call:notify".into(), 3.0),
+                ]
+            );
+            gauges.set(&[], 5_000);
+            assert_eq!(
+                read(),
+                vec![
+                    ("idem_outbox_oldest_age_seconds".into(), "call:notify".into(), 0.0),
+                    ("idem_outbox_parked".into(), "call:notify".into(), 0.0),
+                    ("idem_outbox_pending".into(), "call:notify".into(), 0.0),
+                ]
+            );
+        });
     }
 }

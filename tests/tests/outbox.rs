@@ -8,7 +8,11 @@
 //! its delete) is dropped by the stream as a duplicate; a call answered 500
 //! is tried again with the same key; a parked call does not hold up the
 //! next row of its key. A component built for the 0.1.0 world runs beside
-//! the 0.2.0 one.
+//! the 0.2.0 one. `idem outbox list|retry|drop` show and change the rows
+//! that wait. On PostgreSQL a transaction that stored rows notifies
+//! `idem_outbox` when it commits, and only then. A host refuses to start
+//! when a stream that stores a granted subject keeps message ids for less
+//! than the relay's resend horizon.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -299,4 +303,150 @@ async fn sends_once(backend: Backend) {
     assert_eq!(db.balance(2).await, Some(7));
     assert_eq!(db.receipts("orders").await, 1);
     assert_eq!(db.receipts("legacy").await, 1);
+
+    // The operator's commands on the parked row left.
+    let parked = db.scalar("SELECT id FROM idem_outbox").await.unwrap();
+    let cfg_arg = cfg.to_str().unwrap();
+    let (code, out, err) = idem_cli(&["outbox", "list", "--config", cfg_arg], &[]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "orders call notify: 0 pending, 1 parked");
+    assert_eq!(lines.len(), 4, "{out}");
+    let row: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(
+        row[..8],
+        [
+            parked.to_string().as_str(),
+            "orders",
+            "m8",
+            "0",
+            "call",
+            "notify",
+            "o9",
+            "0"
+        ]
+    );
+    assert_eq!(row[8], "parked");
+    let (code, _, err) = idem_cli(
+        &[
+            "outbox",
+            "retry",
+            &(parked + 100).to_string(),
+            "--config",
+            cfg_arg,
+        ],
+        &[],
+    );
+    assert_eq!((code, err.trim()), (1, format!("idem: no outbox row with id {} (sent already, or dropped); `idem outbox list` shows the ids", parked + 100).as_str()));
+    let (code, out, err) = idem_cli(
+        &["outbox", "retry", &parked.to_string(), "--config", cfg_arg],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("outbox row {parked} is due again; a running host's relay sends it")
+    );
+    assert_eq!(db.scalar("SELECT due_ms FROM idem_outbox").await, Some(0));
+    let (code, _, err) = idem_cli(
+        &["outbox", "retry", &parked.to_string(), "--config", cfg_arg],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("is not parked"), "{err}");
+    let (code, out, err) = idem_cli(
+        &[
+            "outbox",
+            "drop",
+            "--handler",
+            "orders",
+            "--all",
+            "--config",
+            cfg_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        "dropped 1 outbox row of handler orders; they are not sent"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM idem_outbox").await, Some(0));
+    let (code, out, _) = idem_cli(&["outbox", "list", "--config", cfg_arg], &[]);
+    assert_eq!((code, out.as_str()), (0, "the outbox is empty\n"));
+}
+
+/// PostgreSQL: the message's transaction notifies `idem_outbox` when it
+/// stored rows and commits; a rolled-back one and one without rows do
+/// not.
+#[tokio::test]
+async fn a_commit_that_stored_rows_notifies_every_host() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, _requests) = receiver().await;
+    let cfg = config(dir.path(), &nats, &db, port);
+    create_stream(&nats, "ACCEPTED", &["orders.accepted", "audit.>"]).await;
+    let js = nats.jetstream().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen(idem::store::NOTIFY_CHANNEL).await.unwrap();
+    let host = RunningHost::start(&cfg).await;
+    let rejected = json!({"event_id": "r1", "op": "outbox",
+        "calls": [{"publish": "orders.accepted", "payload": "x"}], "then": {"op": "reject"}});
+    publish(&js, "orders.placed", &rejected.to_string(), &[]).await;
+    publish(&js, "accounts.credit", &credit("c1", 2, 7), &[]).await;
+    host.wait_for("orders", "r1 dead-lettered", |s| s.dead_lettered == 1)
+        .await;
+    host.wait_for("legacy", "c1 processed", |s| s.processed == 1)
+        .await;
+    let none = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(
+        none.is_err(),
+        "a notification without stored rows: {none:?}"
+    );
+    let sent = json!({"event_id": "s1", "op": "outbox", "calls": [
+        {"publish": "orders.accepted", "payload": "a"},
+        {"publish": "audit.x", "payload": "b"}]});
+    publish(&js, "orders.placed", &sent.to_string(), &[]).await;
+    let got = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+        .await
+        .expect("no notification after the commit")
+        .unwrap();
+    assert_eq!(got.channel(), "idem_outbox");
+    host.wait_for("orders", "s1 processed", |s| s.processed == 1)
+        .await;
+    outbox_empty(&db).await;
+    let more = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(more.is_err(), "one transaction, one notification: {more:?}");
+    host.stop().await;
+    assert_eq!(accepted(&js).await.len(), 2);
+}
+
+/// A stream storing a granted subject whose `duplicate_window` is shorter
+/// than the relay's resend horizon: the host does not start, and says
+/// which stream and what to set.
+#[tokio::test]
+async fn a_target_stream_that_forgets_ids_too_soon_is_refused() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &nats, &db, 9);
+    nats.jetstream()
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "AUDIT".into(),
+            subjects: vec!["audit.orders.*".into()],
+            duplicate_window: Duration::from_secs(10),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (code, _, err) = idem_cli(&["run", "--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.trim(),
+        "idem: handler `orders` may publish to \"audit.>\", which stream `AUDIT` stores with a duplicate_window of 10s; \
+         the outbox relay may send a message again up to 41s later, so raise the stream's duplicate_window to at least that \
+         (`nats stream edit AUDIT --dupe-window 41s`)"
+    );
 }

@@ -1,5 +1,6 @@
 //! Operator commands: on the database only (never the broker),
-//! `idem dlq list|show|redrive|drop` ([`dlq`], [`redrive`]) and
+//! `idem dlq list|show|redrive|drop` ([`dlq`], [`redrive`]),
+//! `idem outbox list|retry|drop` ([`outbox`]) and
 //! `idem receipts show|prune|forget` ([`receipts`]; `prune` reads the
 //! broker's clock); `idem replay` ([`replay`]), which runs a handler
 //! again over a range of its stream; and `idem deploy` and `idem status`
@@ -13,6 +14,7 @@
 pub mod deploy;
 pub mod deploy_wait;
 pub mod dlq;
+pub mod outbox;
 pub mod receipts;
 pub mod redrive;
 pub mod replay;

@@ -1,6 +1,6 @@
 //! Command line: `idem run --config idem.toml` (`run.rs`), `idem publish`,
 //! `idem config check` ([`config`]), the operator commands `idem dlq …`
-//! ([`dlq`]), `idem receipts …` ([`receipts`]) and `idem replay`
+//! ([`dlq`]), `idem outbox …` ([`outbox`]), `idem receipts …` ([`receipts`]) and `idem replay`
 //! ([`replay`]) on [`crate::admin`], and `idem deploy`, `status`, `keygen`
 //! ([`deploy`]). Each command's arguments are in its file; the flags they
 //! share ([`ConfigArg`]) are defined here, once. Nothing outside this folder
@@ -9,6 +9,7 @@
 pub mod config;
 pub mod deploy;
 pub mod dlq;
+pub mod outbox;
 pub mod receipts;
 pub mod replay;
 mod run;
@@ -55,6 +56,13 @@ pub enum Command {
         /// Which dead-letter command.
         #[command(subcommand)]
         command: dlq::DlqCommand,
+    },
+    /// The outbox: list what waits to be sent, retry a parked call, drop
+    /// rows unsent (uses the database only).
+    Outbox {
+        /// Which outbox command.
+        #[command(subcommand)]
+        command: outbox::OutboxCommand,
     },
     /// Receipts: show, prune, forget (uses the database only).
     Receipts {
@@ -107,6 +115,7 @@ pub async fn main() -> i32 {
         Command::Run { config, drain } => run::run(&config, drain).await,
         Command::Publish(args) => crate::publish::run(args).await,
         Command::Dlq { command } => dlq::run(command).await,
+        Command::Outbox { command } => outbox::run(command).await,
         Command::Receipts { command } => receipts::run(command).await,
         Command::Config {
             command: config::ConfigCommand::Check { config },

@@ -1,12 +1,14 @@
 //! The transactional outbox: what a handler publishes or calls is stored in
 //! its message's transaction and sent after the commit (ARCHITECTURE.md,
 //! "The outbox"). This module admits a guest's calls against its grants
-//! (`grants`, `subject`) and caps (`calls`); `relay` sends the rows.
+//! (`grants`, `subject`) and caps (`calls`); `relay` sends the rows;
+//! `window` checks at start that target streams drop the relay's copies.
 
 pub mod calls;
 pub mod grants;
 pub mod relay;
 pub mod subject;
+pub mod window;
 
 pub use calls::{OutboxCalls, OutboxEntry, Refusal, Target};
 pub use grants::OutboxGrants;

@@ -9,9 +9,12 @@
 //! counts as sent), and a receiver that honours `Idempotency-Key` sees the
 //! call once. Message processing never waits for the relay.
 //!
-//! A pass runs when a host committed rows ([`Relay::waker`]), and at the
-//! latest every [`POLL`] (what other hosts' rows, and rows due again, wait
-//! for).
+//! A pass runs when this host committed rows ([`Relay::waker`]), on
+//! PostgreSQL when any host's transaction that stored rows commits (its
+//! `pg_notify`, `store::NOTIFY_CHANNEL`), and at the latest every
+//! [`POLL`] (what rows due again wait for, and on SQLite other processes'
+//! rows). Every [`GAUGES_EVERY`] it sets the outbox gauges
+//! (`crate::metrics::outbox_gauges`).
 
 use super::Target;
 use super::grants::OutboxGrants;
@@ -32,6 +35,16 @@ use tokio_util::sync::CancellationToken;
 pub const LEASE: Duration = Duration::from_secs(30);
 /// The longest wait between passes.
 pub const POLL: Duration = Duration::from_secs(1);
+/// The longest time between two sends of one row when a host dies after
+/// sending and before deleting it: the lease, then the next poll, then
+/// the send. A target stream's `duplicate_window` must be at least this
+/// for JetStream to drop the copy (`outbox::window`); past it (a broker
+/// unreachable for longer keeps a row failing) the downstream receipt
+/// catches the copy, as its `Nats-Msg-Id` is the same.
+pub const RESEND_HORIZON: Duration =
+    Duration::from_secs(LEASE.as_secs() + POLL.as_secs() + SEND_TIMEOUT.as_secs());
+/// How often the relay reads the outbox's depth and age for the gauges.
+pub const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// Rows one pass claims.
 pub const CLAIM: u32 = 64;
 /// The bound on one claim: a database that does not answer (a pool
@@ -131,7 +144,18 @@ impl Relay {
     /// sent again after its lease, with the same id); with a database that
     /// did not answer the last claim there are no last passes.
     pub async fn run(self, stop: CancellationToken) {
+        let listening = stop.child_token();
+        let listener = {
+            let (db, wake, stop) = (self.db.clone(), self.wake.clone(), listening.clone());
+            tokio::spawn(async move { db.wake_on_outbox_rows(wake, stop).await })
+        };
+        let mut gauges = crate::metrics::OutboxGauges::default();
+        let mut gauges_at = Instant::now();
         loop {
+            if gauges_at.elapsed() >= GAUGES_EVERY {
+                self.set_gauges(&mut gauges).await;
+                gauges_at = Instant::now();
+            }
             let claimed = tokio::select! {
                 () = stop.cancelled() => break,
                 n = self.pass(Some(&stop), Instant::now() + LEASE / 2) => n,
@@ -145,6 +169,8 @@ impl Relay {
                 () = tokio::time::sleep(POLL) => {}
             }
         }
+        listening.cancel();
+        let _ = listener.await;
         if self.claim_failing.load(Ordering::Relaxed) {
             return;
         }
@@ -207,6 +233,16 @@ impl Relay {
         claimed
     }
 
+    /// Reads what waits per handler and target into the gauges (bounded
+    /// like a claim; a failure leaves them as they were).
+    async fn set_gauges(&self, gauges: &mut crate::metrics::OutboxGauges) {
+        match tokio::time::timeout(CLAIM_TIMEOUT, self.db.outbox_summary()).await {
+            Ok(Ok(summary)) => gauges.set(&summary, now_ms()),
+            Ok(Err(e)) => tracing::debug!(error = %e, "cannot read the outbox's depth"),
+            Err(_) => tracing::debug!("the database did not answer the outbox depth query"),
+        }
+    }
+
     /// Gives `row` back unsent.
     async fn release(&self, row: &OutboxRow) {
         if let Err(e) = self.db.outbox_release(row.id, now_ms()).await {
@@ -223,7 +259,9 @@ impl Relay {
         };
         let done = match &result {
             Ok(sent) => {
+                crate::pipeline::fault::after_send();
                 crate::metrics::outbox_sent(&row.consumer, *sent == Sent::Duplicate);
+                crate::metrics::outbox_delay(&row.consumer, row.created_ms, now_ms());
                 self.db.outbox_sent(row.id).await
             }
             Err(e) => {
@@ -317,8 +355,7 @@ impl Relay {
 }
 
 fn now_ms() -> i64 {
-    let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
-    i64::try_from(now).unwrap_or(i64::MAX)
+    crate::store::now_ms()
 }
 
 #[cfg(test)]

@@ -93,9 +93,41 @@ pub fn matches(pattern: &str, subject: &str) -> bool {
     }
 }
 
+/// Whether some literal subject matches both patterns `a` and `b` (NATS
+/// wildcards in either): whether a stream listening on one stores what a
+/// grant of the other lets a handler publish.
+pub fn overlap(a: &str, b: &str) -> bool {
+    let mut a = a.split('.');
+    let mut b = b.split('.');
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some("*"), Some(_)) | (Some(_), Some("*")) => {}
+            (Some(x), Some(y)) if x == y => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_overlap_when_one_subject_matches_both() {
+        assert!(overlap("orders.accepted", "orders.accepted"));
+        assert!(overlap("orders.>", "orders.accepted"));
+        assert!(overlap("orders.accepted", "orders.*"));
+        assert!(overlap("*.accepted", "orders.*"));
+        assert!(overlap(">", "a.b.c"));
+        assert!(overlap("a.*.c", "a.b.>"));
+        assert!(!overlap("orders.accepted", "orders.placed"));
+        assert!(!overlap("orders.*", "orders.a.b"));
+        assert!(!overlap("orders.>", "orders"));
+        assert!(!overlap("a.*", "a"));
+        assert!(!overlap("a.b", "a.b.c"));
+    }
 
     #[test]
     fn wildcards_follow_nats_rules() {

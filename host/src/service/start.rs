@@ -137,6 +137,9 @@ impl Host {
                 consuming: Arc::default(),
             });
         }
+        // After every handler's stream exists: a handler may publish to
+        // another's.
+        crate::outbox::window::check_streams(js, &config.handlers).await?;
         Ok(Self {
             handlers,
             db,

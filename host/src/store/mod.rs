@@ -38,7 +38,7 @@
 //!   `handler`: the highest deployment sequence a host put in place and
 //!   its record (module `deploy_marks`); it only rises.
 //! - `idem_outbox(id, consumer, message_id, call_index, kind, target, payload,
-//!   headers, ordering_key, attempts, due_ms, last_error)`, unique
+//!   headers, ordering_key, attempts, due_ms, last_error, created_ms)`, unique
 //!   `(consumer, message_id, call_index)`: what committed messages published
 //!   or called, until the relay sent it (module `outbox`). `id` numbers one
 //!   key's rows in commit order; `due_ms` is the next try or a claim's lease.
@@ -59,6 +59,7 @@ pub(crate) mod deploy_marks;
 mod durability;
 mod error;
 mod outbox;
+mod outbox_admin;
 mod postgres;
 mod receipts;
 mod retention;
@@ -72,7 +73,8 @@ pub use admin::{ReceiptRow, ReceiptSummary};
 pub use batch::BATCH_LOCK_WAIT;
 pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
-pub use outbox::{OutboxRow, PARKED};
+pub use outbox::{NOTIFY_CHANNEL, OutboxRow, PARKED, now_ms};
+pub use outbox_admin::{OutboxListed, OutboxSummary, RowChange};
 pub use receipts::{Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 pub use transaction::HandlerRole;

@@ -10,12 +10,24 @@ use crate::outbox::{OutboxEntry, Target};
 use sqlx::SqlSafeStr as _;
 
 /// Inserts one row: `$1` consumer, `$2` message id, `$3` call index, `$4`
-/// kind, `$5` target, `$6` payload, `$7` headers (JSON), `$8` key.
+/// kind, `$5` target, `$6` payload, `$7` headers (JSON), `$8` key, `$9`
+/// when (Unix ms, the host's clock).
 /// A row of a message that was stored already changes nothing.
 const INSERT: &str = "INSERT INTO idem_outbox
-        (consumer, message_id, call_index, kind, target, payload, headers, ordering_key)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        (consumer, message_id, call_index, kind, target, payload, headers, ordering_key, created_ms)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
      ON CONFLICT (consumer, message_id, call_index) DO NOTHING";
+
+/// The channel a PostgreSQL transaction that stored outbox rows notifies:
+/// PostgreSQL delivers the notification to every listening session when,
+/// and only when, the transaction commits (a rolled-back savepoint takes
+/// its notification with it; <https://www.postgresql.org/docs/current/sql-notify.html>),
+/// so every host's relay wakes at once.
+pub const NOTIFY_CHANNEL: &str = "idem_outbox";
+
+/// Sends [`NOTIFY_CHANNEL`]'s notification (one per transaction: PostgreSQL
+/// folds equal notifications of one transaction into one).
+const NOTIFY: &str = "SELECT pg_notify('idem_outbox', '')";
 
 /// PostgreSQL: waits for any uncommitted row of the same consumer and
 /// key (a transaction-scoped advisory lock on the pair of keys `idem` and
@@ -27,7 +39,7 @@ const LOCK_KEY: &str = "SELECT pg_advisory_xact_lock(1768187245, ($1::bigint)::i
 /// The columns a claim returns, in [`OutboxRow`]'s order.
 macro_rules! claimed_columns {
     () => {
-        "id, consumer, message_id, call_index, kind, target, payload, headers, ordering_key, attempts"
+        "id, consumer, message_id, call_index, kind, target, payload, headers, ordering_key, attempts, created_ms"
     };
 }
 
@@ -93,6 +105,9 @@ pub struct OutboxRow {
     pub key: Option<String>,
     /// Sends tried, this one included.
     pub attempts: u32,
+    /// When it was stored (Unix ms, the storing host's clock; 0 when
+    /// not known).
+    pub created_ms: i64,
 }
 
 impl Tx {
@@ -127,11 +142,15 @@ impl Tx {
                 (i64::from(e.index), kind, target, headers)
             })
             .collect();
+        let created_ms = now_ms();
         dispatch!(&mut self.0, t => {
             t.host_turn().await?;
             if kind_of(&*t) == DbKind::Postgres {
                 for k in &keys {
                     t.run(LOCK_KEY.into_sql_str(), &[Param::Int(*k)]).await?;
+                }
+                if !entries.is_empty() {
+                    t.run(NOTIFY.into_sql_str(), &[]).await?;
                 }
             }
             for (e, (index, kind, target, headers)) in entries.iter().zip(&rows) {
@@ -144,6 +163,7 @@ impl Tx {
                     Param::Bytes(&e.payload),
                     Param::Text(headers),
                     Param::OptText(e.key.as_deref()),
+                    Param::Int(created_ms),
                 ];
                 t.run(INSERT.into_sql_str(), &params).await?;
             }
@@ -213,6 +233,23 @@ impl Database {
         Ok(())
     }
 
+    /// Until `stop`, wakes `wake` whenever a transaction that stored
+    /// outbox rows commits on another session ([`NOTIFY_CHANNEL`]). On
+    /// PostgreSQL only; on SQLite it waits for `stop` (one file, one
+    /// writer: the relay polls).
+    pub async fn wake_on_outbox_rows(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        match self.postgres_pool() {
+            Some(pool) => {
+                super::postgres::listen::wake_on_notify(pool, NOTIFY_CHANNEL, wake, stop).await;
+            }
+            None => stop.cancelled().await,
+        }
+    }
+
     /// How many rows wait to be sent, and the oldest one's id.
     ///
     /// # Errors
@@ -243,6 +280,21 @@ fn key_lock(consumer: &str, key: &str) -> i64 {
     i64::from(i32::from_be_bytes(four))
 }
 
+/// The target of a row whose `kind` column says `kind`.
+pub(super) fn target(kind: &str, target: String) -> Result<Target, sqlx::Error> {
+    match kind {
+        "publish" => Ok(Target::Publish(target)),
+        "call" => Ok(Target::Call(target)),
+        _ => Err(sqlx::Error::Decode("idem_outbox: unknown kind".into())),
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch (the host's clock).
+pub fn now_ms() -> i64 {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+    i64::try_from(now).unwrap_or(i64::MAX)
+}
+
 /// Which database the transaction `_t` is on.
 fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
     T::KIND
@@ -250,12 +302,7 @@ fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
 
 fn decode(row: &impl super::backend::HostRow) -> Result<OutboxRow, sqlx::Error> {
     let bad = |what: &str| sqlx::Error::Decode(format!("idem_outbox: {what}").into());
-    let target = row.text(5)?;
-    let target = match row.text(4)?.as_str() {
-        "publish" => Target::Publish(target),
-        "call" => Target::Call(target),
-        _ => return Err(bad("unknown kind")),
-    };
+    let target = target(&row.text(4)?, row.text(5)?)?;
     let headers: Vec<(String, String)> =
         serde_json::from_str(&row.text(7)?).map_err(|_| bad("headers are no JSON pairs"))?;
     Ok(OutboxRow {
@@ -268,5 +315,6 @@ fn decode(row: &impl super::backend::HostRow) -> Result<OutboxRow, sqlx::Error> 
         headers,
         key: row.opt_text(8)?,
         attempts: u32::try_from(row.int(9)?).unwrap_or(u32::MAX),
+        created_ms: row.int(10)?,
     })
 }

@@ -8,6 +8,7 @@ mod batch;
 mod catalog;
 pub(super) mod codes;
 mod durability;
+pub(crate) mod listen;
 mod role;
 mod schema;
 mod values;

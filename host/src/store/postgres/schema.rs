@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// runs right after it.
 const RECEIPTS_DDL: usize = 0;
 
-const HOST_TABLES: [&str; 11] = [
+const HOST_TABLES: [&str; 12] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -44,8 +44,11 @@ const HOST_TABLES: [&str; 11] = [
         attempts BIGINT NOT NULL DEFAULT 0,
         due_ms BIGINT NOT NULL DEFAULT 0,
         last_error TEXT,
+        created_ms BIGINT NOT NULL DEFAULT 0,
         UNIQUE (consumer, message_id, call_index)
     )",
+    // A table from before `created_ms` (0 for the rows it holds).
+    "ALTER TABLE idem_outbox ADD COLUMN IF NOT EXISTS created_ms BIGINT NOT NULL DEFAULT 0",
     "CREATE INDEX IF NOT EXISTS idem_outbox_due ON idem_outbox (due_ms, id)",
     "CREATE TABLE IF NOT EXISTS idem_dead_letters (
         id BIGSERIAL PRIMARY KEY,

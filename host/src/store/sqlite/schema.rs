@@ -70,6 +70,7 @@ const HOST_TABLES: [&str; 9] = [
         attempts INTEGER NOT NULL DEFAULT 0,
         due_ms INTEGER NOT NULL DEFAULT 0,
         last_error TEXT,
+        created_ms INTEGER NOT NULL DEFAULT 0,
         UNIQUE (consumer, message_id, call_index)
     )",
     "CREATE INDEX IF NOT EXISTS idem_outbox_due ON idem_outbox (due_ms, id)",
@@ -152,12 +153,32 @@ async fn upgrade_receipts(tx: &mut Transaction<'static, Sqlite>) -> Result<(), s
     Ok(())
 }
 
+/// An outbox table from before `created_ms` gets the column (0 for the
+/// rows it holds: their age is not known). A no-op on a current table or
+/// none.
+async fn upgrade_outbox(tx: &mut Transaction<'static, Sqlite>) -> Result<(), sqlx::Error> {
+    let (exists, current): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'idem_outbox'),
+                (SELECT count(*) FROM pragma_table_info('idem_outbox') WHERE name = 'created_ms')",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if current == 1 || exists == 0 {
+        return Ok(());
+    }
+    sqlx::query("ALTER TABLE idem_outbox ADD COLUMN created_ms INTEGER NOT NULL DEFAULT 0")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Creates or upgrades the host tables under `BEGIN IMMEDIATE` (the write
 /// lock), so hosts starting together do it once.
 pub(super) async fn prepare_host_tables(pool: &SqlitePool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     upgrade_dead_letters(&mut tx).await?;
     upgrade_receipts(&mut tx).await?;
+    upgrade_outbox(&mut tx).await?;
     for ddl in HOST_TABLES {
         sqlx::query(ddl).execute(&mut *tx).await?;
     }
