@@ -621,7 +621,11 @@ mod tests {
             assert_eq!(
                 read(),
                 vec![
-                    ("idem_outbox_oldest_age_seconds".into(), "call:notify".into(), 3.5),
+                    (
+                        "idem_outbox_oldest_age_seconds".into(),
+                        "call:notify".into(),
+                        3.5
+                    ),
                     ("idem_outbox_parked".into(), "call:notify".into(), 1.0),
                     ("idem_outbox_pending".into(), "call:notify".into(), 3.0),
                 ]
@@ -630,7 +634,11 @@ mod tests {
             assert_eq!(
                 read(),
                 vec![
-                    ("idem_outbox_oldest_age_seconds".into(), "call:notify".into(), 0.0),
+                    (
+                        "idem_outbox_oldest_age_seconds".into(),
+                        "call:notify".into(),
+                        0.0
+                    ),
                     ("idem_outbox_parked".into(), "call:notify".into(), 0.0),
                     ("idem_outbox_pending".into(), "call:notify".into(), 0.0),
                 ]

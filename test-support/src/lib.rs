@@ -2,7 +2,9 @@
 //! (`host/benches/`) share, none of it tied to idem's own types: where the
 //! workspace, cargo's target directory and the built guests are, the
 //! PostgreSQL URL the tests use, unique names, a private `nats-server` per
-//! test or bench, and running a CLI binary built beside the tests.
+//! test or bench, running a CLI binary built beside the tests, an HTTP
+//! receiver on loopback for the outbox's calls, and a run directory kept
+//! when a test fails.
 //!
 //! Environment: `CARGO_TARGET_DIR` (as `scripts/build-guests.sh` reads it),
 //! `IDEM_TEST_PG` (see [`pg_url`]), `IDEM_NATS_SERVER` (see
@@ -13,12 +15,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cli;
+mod http;
 mod nats;
 mod pg;
+mod run_dir;
 
 pub use cli::{binary_beside_tests, run_cli};
+pub use http::{HttpReceiver, Policy, Request};
 pub use nats::{Nats, free_port, nats_server_bin};
 pub use pg::{PG_URL_DEFAULT, pg_url, pg_url_as, pg_url_in_schema, pg_url_with_database};
+pub use run_dir::RunDir;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -154,15 +154,35 @@ fn counter() {
     assert_plain_handler("counter");
 }
 
-/// Calls the outbox too: imports it.
-#[test]
-fn behave() {
-    let b = built("behave");
+/// A guest built with `idem-guest` that also calls the outbox: the world's
+/// three imports, `outbox` and `handle`, nothing else; loads without WASI.
+fn assert_outbox_handler(component: &str) {
+    let b = built(component);
     let mut imports = set(IDEM_IMPORTS);
     imports.insert("idem:handler/outbox@0.2.0".into());
     assert_eq!(b.imports, imports);
     assert_eq!(b.exports, handle_only());
     assert_loads(&b.path, PLAIN, false);
+}
+
+/// Calls the outbox too: imports it.
+#[test]
+fn behave() {
+    assert_outbox_handler("behave");
+}
+
+/// The orders example's first handler: publishes through the outbox.
+#[test]
+fn orders() {
+    assert_outbox_handler("orders");
+    assert_loads(&built("orders").path, WASI, false);
+}
+
+/// The orders example's second handler: calls an endpoint through the outbox.
+#[test]
+fn stock() {
+    assert_outbox_handler("stock");
+    assert_loads(&built("stock").path, WASI, false);
 }
 
 /// Built for `idem:handler@0.1.0`, the world before `outbox`: loads

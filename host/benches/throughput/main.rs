@@ -51,6 +51,15 @@
 //!   PostgreSQL database; the time runs from when every host has started
 //!   until the receipts count N.
 //!
+//! - **Outbox** (a third table): the `behave` test component publishing
+//!   one message per message through the outbox (then its credit), next
+//!   to the same component without the publish and to B, publish (a
+//!   publish waiting for its PubAck, one at a time, as the relay sends);
+//!   the rate runs until the target stream holds every message, the
+//!   latency is from a row's storing to its PubAck
+//!   (`idem_outbox_delay_seconds`; without the publish: publish to
+//!   COMMIT). `IDEM_BENCH_ONLY=outbox` runs this table alone.
+//!
 //! Columns: msg/s; latency p50 / p99 (ms; D: one transaction); the row's
 //! process peak RSS (MiB, `VmHWM`; nats-server and PostgreSQL are other
 //! processes); the ratios to native, to D and to min(B confirmed, D) at the
@@ -61,6 +70,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod fleet;
+mod outbox;
 mod rows;
 
 use anyhow::{Context as _, Result, bail};
@@ -152,6 +162,11 @@ enum What {
         native: bool,
         duplicates: bool,
     },
+    /// `behave` over N messages, each publishing one message through the
+    /// outbox when `publish` (module: behave's component).
+    Outbox { module: PathBuf, publish: bool },
+    /// B, publish: N publishes each waiting for its PubAck.
+    PublishCeiling,
     /// One of several hosts sharing the durable consumer of stream
     /// `T<row>` and the database at `url` (made by the parent): starts,
     /// says `ready`, runs from `go` on stdin until stdin closes.
@@ -188,6 +203,10 @@ struct Measured {
     /// rows only.
     #[serde(default)]
     busy: Option<f64>,
+    /// Outbox rows: messages a second committed (the rate counts until
+    /// the target stream holds them).
+    #[serde(default)]
+    committed_rate: Option<f64>,
 }
 
 /// Runs one row in this process (the child's side).
@@ -201,6 +220,8 @@ async fn run_row(spec: Spec) -> Result<Measured> {
             duplicates,
         } => host(&spec, module, native, duplicates).await,
         What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
+        What::Outbox { module, publish } => outbox::outbox_host(&spec, module, publish).await,
+        What::PublishCeiling => outbox::publish_ceiling(&spec).await,
     }
 }
 
@@ -337,9 +358,11 @@ async fn bench() -> Result<()> {
     if pg_admin.is_some() {
         dbs.push(Db::Postgres);
     }
+    let only_outbox = std::env::var("IDEM_BENCH_ONLY").is_ok_and(|v| v == "outbox");
+    let skip = if only_outbox { dbs.len() } else { 0 };
     let mut duplicate_costs = Vec::new();
     let mut batch_gains = Vec::new();
-    for db in dbs {
+    for db in dbs.iter().copied().skip(skip) {
         for (c, b) in CONCURRENCY.into_iter().zip(confirmed.iter().copied()) {
             let (label, cs) = (db.label(), c.to_string());
             eprintln!("throughput: {label}, concurrency {c} ...");
@@ -435,6 +458,61 @@ async fn bench() -> Result<()> {
         println!(
             "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
         );
+    }
+    let behave = guests_dir().join("behave.wasm");
+    if behave.exists() {
+        eprintln!("throughput: outbox ...");
+        println!();
+        println!(
+            "Outbox: one publish per message (the behave test component: a publish, then its credit); latency: a row's storing to its PubAck (without the publish: publish to COMMIT), at half the row's rate"
+        );
+        println!();
+        println!(
+            "| row | database | concurrency | committed msg/s | sent msg/s | p50 ms | p99 ms | ÷ without publish | ÷ B, publish |"
+        );
+        println!("|---|---|--:|--:|--:|--:|--:|--:|--:|");
+        let b = in_child(&spec(What::PublishCeiling, Db::Sqlite, 1))?;
+        println!(
+            "| B, publish with PubAck, 1 at a time | - | 1 | - | {:.0} | {} | {} | - | - |",
+            b.rate,
+            cell(b.p50, 2),
+            cell(b.p99, 2)
+        );
+        for db in dbs.iter().copied() {
+            for c in CONCURRENCY {
+                let row = |publish| What::Outbox {
+                    module: behave.clone(),
+                    publish,
+                };
+                let plain = in_child(&spec(row(false), db, c))?;
+                let with = in_child(&spec(row(true), db, c))?;
+                for (label, m) in [("without publish", &plain), ("one publish", &with)] {
+                    println!(
+                        "| {label} | {} | {c} | {} | {} | {} | {} | {} | {} |",
+                        db.label(),
+                        cell(m.committed_rate, 0),
+                        if label == "one publish" {
+                            format!("{:.0}", m.rate)
+                        } else {
+                            "-".into()
+                        },
+                        cell(m.p50, 1),
+                        cell(m.p99, 1),
+                        ratio(m.rate, Some(plain.rate)),
+                        if label == "one publish" {
+                            ratio(m.rate, Some(b.rate))
+                        } else {
+                            "-".into()
+                        },
+                    );
+                }
+            }
+        }
+    } else {
+        println!("\nOutbox rows left out: missing {}", behave.display());
+    }
+    if only_outbox {
+        return Ok(());
     }
     if pg_admin.is_some() && rust.exists() {
         eprintln!("throughput: scaling ...");

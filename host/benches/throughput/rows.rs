@@ -326,13 +326,23 @@ pub(super) async fn host(
 /// `Host::start` for handler `h<row>` on stream `T<row>` with `module`,
 /// the row's concurrency, and the database at `url`.
 pub(super) async fn start_host(spec: &Spec, module: &std::path::Path, url: &str) -> Result<Host> {
+    start_host_with(spec, module, url, "").await
+}
+
+/// [`start_host`] with `extra` lines in the handler's config.
+pub(super) async fn start_host_with(
+    spec: &Spec,
+    module: &std::path::Path,
+    url: &str,
+    extra: &str,
+) -> Result<Host> {
     let (row, c) = (spec.row, spec.concurrency);
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("idem.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n{}",
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n{}{extra}\n",
             spec.nats,
             c + 2,
             spec.cache.display(),
@@ -407,13 +417,19 @@ pub(super) fn put_native_in_place(_: &Host) -> Result<()> {
 /// The `idem_publish_to_commit_seconds` samples of `handler` since the
 /// last call (the recorder hands each sample out once), in milliseconds.
 pub(super) fn publish_to_commit(snapshotter: &Snapshotter, handler: &str) -> Vec<f64> {
+    histogram_ms(snapshotter, "idem_publish_to_commit_seconds", handler)
+}
+
+/// The samples of histogram `name` of `handler` since the last call, in
+/// milliseconds.
+pub(super) fn histogram_ms(snapshotter: &Snapshotter, name: &str, handler: &str) -> Vec<f64> {
     snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
         .filter(|(key, _, _, _)| {
             let key = key.key();
-            key.name() == "idem_publish_to_commit_seconds"
+            key.name() == name
                 && key
                     .labels()
                     .any(|l| l.key() == "handler" && l.value() == handler)

@@ -1,8 +1,9 @@
 //! The relay: sends what committed messages stored in the outbox
 //! (`idem_outbox`), on every host (no leader). A pass claims the due rows
 //! for a lease ([`LEASE`]; PostgreSQL skips rows another host's claim
-//! holds), sends each, and deletes it once sent or makes it due again
-//! later ([`retry_after`]). A host that dies between sending and deleting
+//! holds), sends them ([`SENDS_IN_FLIGHT`] at once), deletes the sent ones
+//! in one statement and makes the others due again later
+//! ([`retry_after`]). A host that dies between sending and deleting
 //! leaves the row to be claimed again after the lease; it is sent again
 //! with the same id ([`delivery_id`]): JetStream drops the copy inside the
 //! target stream's duplicate window (a PubAck with `duplicate: true`
@@ -14,12 +15,13 @@
 //! `pg_notify`, `store::NOTIFY_CHANNEL`), and at the latest every
 //! [`POLL`] (what rows due again wait for, and on SQLite other processes'
 //! rows). Every [`GAUGES_EVERY`] it sets the outbox gauges
-//! (`crate::metrics::outbox_gauges`).
+//! ([`crate::metrics::OutboxGauges`]).
 
 use super::Target;
 use super::grants::OutboxGrants;
 use crate::store::{Database, OutboxRow, PARKED};
 use async_nats::jetstream;
+use futures::StreamExt as _;
 use sha2::Digest as _;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +47,8 @@ pub const RESEND_HORIZON: Duration =
     Duration::from_secs(LEASE.as_secs() + POLL.as_secs() + SEND_TIMEOUT.as_secs());
 /// How often the relay reads the outbox's depth and age for the gauges.
 pub const GAUGES_EVERY: Duration = Duration::from_secs(5);
+/// Sends one pass has in flight at once.
+pub const SENDS_IN_FLIGHT: usize = 16;
 /// Rows one pass claims.
 pub const CLAIM: u32 = 64;
 /// The bound on one claim: a database that does not answer (a pool
@@ -93,6 +97,9 @@ pub enum Sent {
     /// Stored before: the PubAck said `duplicate`.
     Duplicate,
 }
+
+/// What one send came to, or why not.
+type SendResult = Result<Sent, String>;
 
 /// The relay of one host.
 pub struct Relay {
@@ -191,11 +198,12 @@ impl Relay {
         }
     }
 
-    /// One pass: claims the due rows and sends them one by one, until
-    /// `until` or `stop`; the rows it did not get to are given back, due
-    /// at once, so a pass never holds rows past half their lease (another
-    /// host would claim them again and send them twice). How many it
-    /// claimed.
+    /// One pass: claims the due rows and sends them, [`SENDS_IN_FLIGHT`]
+    /// at once, until `until` or `stop`; the rows it did not start are
+    /// given back, due at once, so a pass never holds rows past half
+    /// their lease plus one send (another host would claim them again and
+    /// send them twice). The sent rows are deleted together at the end.
+    /// How many it claimed.
     pub async fn pass(&self, stop: Option<&CancellationToken>, until: Instant) -> usize {
         let now = now_ms();
         let lease = i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
@@ -219,16 +227,36 @@ impl Relay {
         };
         self.claim_failing.store(false, Ordering::Relaxed);
         let claimed = rows.len();
-        let mut rows = rows.into_iter();
-        for row in rows.by_ref() {
-            if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled) {
-                self.release(&row).await;
-                break;
+        // Up to SENDS_IN_FLIGHT at once: the claim holds at most one row
+        // of each key, so no two rows of one key are in flight together.
+        let outcomes: Vec<(OutboxRow, Option<SendResult>, i64)> = futures::stream::iter(rows)
+            .map(|row| async move {
+                if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled) {
+                    return (row, None, 0);
+                }
+                let result = self.send(&row).await;
+                if result.is_ok() {
+                    crate::pipeline::fault::after_send();
+                }
+                (row, Some(result), now_ms())
+            })
+            .buffer_unordered(SENDS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut sent = Vec::new();
+        for (row, outcome, at) in outcomes {
+            match outcome {
+                None => self.release(&row).await,
+                Some(Ok(how)) => {
+                    crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
+                    crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
+                    sent.push(row.id);
+                }
+                Some(Err(e)) => self.record_failure(&row, &e).await,
             }
-            self.send_and_record(&row).await;
         }
-        for row in rows {
-            self.release(&row).await;
+        if let Err(e) = self.db.outbox_sent(&sent).await {
+            tracing::warn!(error = %e, rows = sent.len(), "cannot delete sent outbox rows; they are sent again after their lease, with the same ids");
         }
         claimed
     }
@@ -250,43 +278,29 @@ impl Relay {
         }
     }
 
-    /// Sends `row` and records what came of it: deleted once sent, due
-    /// again later when it failed, parked after a call's last try.
-    async fn send_and_record(&self, row: &OutboxRow) {
-        let result = self.send(row).await;
+    /// Records that `row`'s send failed with `e`: due again later, or
+    /// parked after a call's last try.
+    async fn record_failure(&self, row: &OutboxRow, e: &str) {
         let target = match &row.target {
             Target::Publish(s) | Target::Call(s) => s.as_str(),
         };
-        let done = match &result {
-            Ok(sent) => {
-                crate::pipeline::fault::after_send();
-                crate::metrics::outbox_sent(&row.consumer, *sent == Sent::Duplicate);
-                crate::metrics::outbox_delay(&row.consumer, row.created_ms, now_ms());
-                self.db.outbox_sent(row.id).await
+        crate::metrics::outbox_failed(&row.consumer);
+        let parked = matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
+        let message_id = crate::deploy::record::bounded(&row.message_id);
+        let due = if parked {
+            tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox call failed its last try; the row is kept, not sent again");
+            PARKED
+        } else {
+            if row.attempts == WARN_AFTER_ATTEMPTS {
+                tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox send keeps failing; trying again (rows after it with the same key wait)");
+            } else {
+                tracing::debug!(handler = %row.consumer, target, attempts = row.attempts, error = %e, "outbox send failed; trying again later");
             }
-            Err(e) => {
-                crate::metrics::outbox_failed(&row.consumer);
-                let parked =
-                    matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
-                let message_id = crate::deploy::record::bounded(&row.message_id);
-                let due = if parked {
-                    tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox call failed its last try; the row is kept, not sent again");
-                    PARKED
-                } else {
-                    if row.attempts == WARN_AFTER_ATTEMPTS {
-                        tracing::warn!(handler = %row.consumer, message_id = %message_id, target, attempts = row.attempts, error = %e, "outbox send keeps failing; trying again (rows after it with the same key wait)");
-                    } else {
-                        tracing::debug!(handler = %row.consumer, target, attempts = row.attempts, error = %e, "outbox send failed; trying again later");
-                    }
-                    let wait =
-                        i64::try_from(retry_after(row.attempts).as_millis()).unwrap_or(i64::MAX);
-                    now_ms().saturating_add(wait)
-                };
-                self.db.outbox_failed(row.id, due, e).await
-            }
+            let wait = i64::try_from(retry_after(row.attempts).as_millis()).unwrap_or(i64::MAX);
+            now_ms().saturating_add(wait)
         };
-        if let Err(e) = done {
-            tracing::warn!(error = %e, "cannot record an outbox send; the row is sent again after its lease");
+        if let Err(err) = self.db.outbox_failed(row.id, due, e).await {
+            tracing::warn!(error = %err, "cannot record a failed outbox send; the row is tried again after its lease");
         }
     }
 

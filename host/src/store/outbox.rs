@@ -77,8 +77,9 @@ pub const PARKED: i64 = i64::MAX;
 /// Gives a claimed row back unsent: due at `$2`, its claim not counted.
 const RELEASE: &str = "UPDATE idem_outbox SET due_ms = $2, attempts = attempts - 1 WHERE id = $1";
 
-/// Deletes a sent row.
-const SENT: &str = "DELETE FROM idem_outbox WHERE id = $1";
+/// Deletes sent rows: followed by the list of their ids' placeholders
+/// (`($1, $2, …)`; nothing else is ever appended).
+const SENT: &str = "DELETE FROM idem_outbox WHERE id IN";
 /// A failed send: due again at `$2`, with the error `$3`.
 const FAILED: &str = "UPDATE idem_outbox SET due_ms = $2, last_error = $3 WHERE id = $1";
 /// Rows not sent yet, and the oldest one's id.
@@ -203,12 +204,18 @@ impl Database {
         Ok(rows)
     }
 
-    /// Deletes the row `id`: it was sent.
+    /// Deletes the rows `ids`: they were sent. One statement.
     ///
     /// # Errors
     /// The statement fails.
-    pub async fn outbox_sent(&self, id: i64) -> Result<(), StoreError> {
-        dispatch!(&self.0, b => b.run(SENT.into_sql_str(), &[Param::Int(id)]).await)?;
+    pub async fn outbox_sent(&self, ids: &[i64]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let placeholders: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!("{SENT} ({})", placeholders.join(", "));
+        let params: Vec<Param<'_>> = ids.iter().map(|id| Param::Int(*id)).collect();
+        dispatch!(&self.0, b => b.run(sqlx::AssertSqlSafe(sql).into_sql_str(), &params).await)?;
         Ok(())
     }
 
