@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds the credit handler in Python, JavaScript and C, and the
-# JavaScript versions of the strategy examples, after installing their pinned
+# Builds the credit handler in Python, JavaScript and C, the
+# JavaScript versions of the strategy examples, and the orders example's
+# `orders` handler in JavaScript and Python (it publishes through the
+# outbox), after installing their pinned
 # toolchains (scripts/toolchains.sh):
 #   target/guests/credit-python.wasm                  examples/credit-python (componentize-py)
 #   target/guests/credit-js.wasm                      examples/credit-js, default engine (QuickJS)
 #   target/guests/credit-js-quickjs.wasm              ... with QuickJS (componentize-qjs)
 #   target/guests/credit-js-starlingmonkey.wasm       ... with StarlingMonkey (componentize-js)
-#   target/guests/{likes,projection,parcel,counter}-js.wasm
+#   target/guests/{likes,projection,parcel,counter,orders}-js.wasm
 #                                                     examples/<strategy>-js, QuickJS (scripts/build-js.sh)
+#   target/guests/orders-python.wasm                  examples/orders-python (componentize-py)
 #   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
 # None imports WASI: each runs with the default `wasi = false`.
 # Prints each language's build time of the credit handler (docs/handlers.md's
@@ -24,10 +27,13 @@ done
 for lang in "${langs[@]}"; do
     start=$SECONDS
     bash "$root/examples/credit-$lang/build.sh"
+    if [[ $lang == python ]]; then
+        bash "$root/examples/orders-python/build.sh"
+    fi
     echo "build-lang-guests: $lang built in $((SECONDS - start)) s (toolchain already installed)"
     if [[ $lang == js ]]; then
         start=$SECONDS
-        for strategy in likes projection parcel counter; do
+        for strategy in likes projection parcel counter orders; do
             bash "$root/scripts/build-js.sh" "$root/examples/$strategy-js/$strategy.js" "$strategy-js" quickjs
         done
         echo "build-lang-guests: js strategy examples built in $((SECONDS - start)) s"

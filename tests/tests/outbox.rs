@@ -450,3 +450,122 @@ async fn a_target_stream_that_forgets_ids_too_soon_is_refused() {
          (`nats stream edit AUDIT --dupe-window 41s`)"
     );
 }
+
+/// The orders example's `orders` handler in Rust, JavaScript and Python:
+/// the same rows and the same stored messages (subject, payload,
+/// `Nats-Msg-Id`, `Content-Type`) for the same input; a copy and an order
+/// taken before publish nothing; a payload that is not an order publishes
+/// nothing and is dead-lettered.
+async fn orders_in(component: &str, backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\n\
+             [[handler]]\nname = \"orders\"\nmodule = \"{}\"\nstream = \"ORDERS\"\nsubjects = [\"orders.placed\"]\n\
+             identity = \"json:/order_id\"\ntables = [\"orders\"]\nmigrations = \"{}\"\n\
+             publish = [\"orders.accepted\"]\n{}\n",
+            nats.url(),
+            db.url,
+            guest(component).display(),
+            root().join("examples/orders/orders/migrations").display(),
+            test_batch_line(""),
+        ),
+    )
+    .unwrap();
+    create_stream(&nats, "ACCEPTED", &["orders.accepted"]).await;
+    let js = nats.jetstream().await;
+    let host = RunningHost::start(&cfg).await;
+    let o1 = r#"{"order_id": "o-1", "sku": "sku-3", "qty": 2}"#;
+    publish(&js, "orders.placed", o1, &[]).await;
+    publish(
+        &js,
+        "orders.placed",
+        r#"{"order_id": "o-2", "sku": "sku-1", "qty": 1}"#,
+        &[],
+    )
+    .await;
+    publish(&js, "orders.placed", o1, &[]).await;
+    publish(
+        &js,
+        "orders.placed",
+        r#"{"order_id": "o-3", "sku": "sku-1", "qty": 0}"#,
+        &[],
+    )
+    .await;
+    host.wait_for("orders", "2 taken, 1 copy, 1 refused", |s| {
+        s.processed == 2 && s.duplicates == 1 && s.dead_lettered == 1
+    })
+    .await;
+    outbox_empty(&db).await;
+    host.stop().await;
+    let stream = js.get_stream("ACCEPTED").await.unwrap();
+    let last = stream.get_info().await.unwrap().state.last_sequence;
+    let mut stored = Vec::new();
+    for seq in 1..=last {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        stored.push((
+            String::from_utf8_lossy(&m.payload).to_string(),
+            header("Nats-Msg-Id"),
+            header("Content-Type"),
+        ));
+    }
+    let json = Some("application/json".to_owned());
+    assert_eq!(
+        stored,
+        vec![
+            (
+                r#"{"order_id":"o-1","sku":"sku-3","qty":2}"#.to_owned(),
+                Some(delivery_id("orders", "o-1", 0)),
+                json.clone()
+            ),
+            (
+                r#"{"order_id":"o-2","sku":"sku-1","qty":1}"#.to_owned(),
+                Some(delivery_id("orders", "o-2", 0)),
+                json
+            ),
+        ],
+        "{component}"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM orders").await, Some(2));
+    assert_eq!(
+        db.scalar("SELECT CAST(sum(qty) AS BIGINT) FROM orders")
+            .await,
+        Some(3)
+    );
+    let dead = db.dead_letters("orders").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0.as_deref(), Some("o-3"));
+    assert!(
+        dead[0]
+            .1
+            .contains("needs an order id, a SKU and a quantity of at least 1"),
+        "{component}: {}",
+        dead[0].1
+    );
+}
+
+async fn orders_rust(backend: Backend) {
+    orders_in("orders", backend).await;
+}
+on_both_databases!(the_orders_handler_in_rust_publishes_once, orders_rust);
+
+async fn orders_js(backend: Backend) {
+    orders_in("orders-js", backend).await;
+}
+on_both_databases!(
+    the_orders_handler_in_javascript_publishes_as_rust_does,
+    orders_js
+);
+
+async fn orders_python(backend: Backend) {
+    orders_in("orders-python", backend).await;
+}
+on_both_databases!(
+    the_orders_handler_in_python_publishes_as_rust_does,
+    orders_python
+);
