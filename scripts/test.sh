@@ -17,4 +17,5 @@ cargo test --workspace --exclude credit "$@"
 # handler the tests configure; ARCHITECTURE.md, "Batching").
 IDEM_TEST_BATCH=16 cargo test -p idem-tests \
     --test protocol --test crash --test hostile_runtime --test db_outage \
-    --test broker_restart --test chaos --test strategies --test languages "$@"
+    --test broker_restart --test chaos --test strategies --test languages \
+    --test outbox --test orders_chaos "$@"
