@@ -22,7 +22,8 @@ pub struct Request {
 }
 
 /// Picks the status of a request: its `Idempotency-Key` and how many
-/// requests with that key came before it.
+/// requests with that key came before it; 0 is never to answer (a hanging
+/// receiver).
 pub type Policy = dyn Fn(&str, usize) -> u16 + Send + Sync;
 
 /// What the receiver got so far.
@@ -150,6 +151,10 @@ async fn serve(mut conn: tokio::net::TcpStream, got: Arc<Mutex<Got>>, policy: Ar
             });
             status
         };
+        if status == 0 {
+            // The policy's "never answer": the connection stays open, silent.
+            std::future::pending::<()>().await;
+        }
         let reason = if (200..300).contains(&status) {
             "OK"
         } else {

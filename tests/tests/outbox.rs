@@ -569,3 +569,63 @@ on_both_databases!(
     the_orders_handler_in_python_publishes_as_rust_does,
     orders_python
 );
+
+/// A stopping host deletes what it sent: calls answered 2xx in a pass
+/// whose other call hangs are not sent again by the next host; only the
+/// call in flight is (after its lease, with the same key). And one key's
+/// rows leave one after the other without waiting for the poll between
+/// them, in commit order.
+#[tokio::test]
+async fn a_stop_keeps_what_was_sent_and_one_keys_rows_do_not_wait_for_the_poll() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let hang = delivery_id("orders", "h1", 0);
+    let receiver =
+        idem_test_support::HttpReceiver::start(move |key, _| if key == hang { 0 } else { 200 })
+            .await;
+    let cfg = config(dir.path(), &nats, &db, receiver.port());
+    create_stream(&nats, "ACCEPTED", &["orders.accepted", "audit.>"]).await;
+    let js = nats.jetstream().await;
+    let host = RunningHost::start(&cfg).await;
+    let mut calls = vec![json!({"call": "notify", "payload": "hang"})];
+    calls.extend((0..5).map(|i| json!({"call": "notify", "payload": format!("ok{i}")})));
+    let m = json!({"event_id": "h1", "op": "outbox", "calls": calls});
+    publish(&js, "orders.placed", &m.to_string(), &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.count() < 6 {
+        assert!(Instant::now() < deadline, "the calls did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.stop().await;
+    // The five answered calls are deleted; the hanging one keeps its lease.
+    assert_eq!(db.scalar("SELECT count(*) FROM idem_outbox").await, Some(1));
+    assert_eq!(
+        db.scalar("SELECT call_index FROM idem_outbox").await,
+        Some(0)
+    );
+
+    // 40 rows of one key: each leaves once the one before it is deleted.
+    db.execute("DELETE FROM idem_outbox").await;
+    let payload = "'\\x6b'::bytea";
+    for i in 0..40 {
+        db.execute(&format!(
+            "INSERT INTO idem_outbox (consumer, message_id, call_index, kind, target, payload, headers, ordering_key) \
+             VALUES ('orders', 'k{i:02}', 0, 'publish', 'orders.accepted', {payload}, '[]', 'one-key')"
+        ))
+        .await;
+    }
+    let host = RunningHost::start(&cfg).await;
+    // At one row a poll (1 s) this would take 40 s.
+    outbox_empty(&db).await;
+    host.stop().await;
+    let ids: Vec<String> = accepted(&js)
+        .await
+        .into_iter()
+        .map(|(_, _, id, _)| id)
+        .collect();
+    let want: Vec<String> = (0..40)
+        .map(|i| delivery_id("orders", &format!("k{i:02}"), 0))
+        .collect();
+    assert_eq!(ids, want);
+}

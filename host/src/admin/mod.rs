@@ -59,20 +59,24 @@ pub fn handler<'c>(
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time to the second, e.g.
-/// `2025-01-31T08:15:00Z` (20 characters); `-` before 1970.
+/// `2025-01-31T08:15:00Z` (20 characters); `-` before 1970 or after 9999.
 pub fn time(ms: i64) -> String {
+    // RFC 3339 has four-digit years: past 9999-12-31 is printed as `-` too.
+    const LAST_MS: u64 = 253_402_300_799_999;
     match u64::try_from(ms) {
-        Ok(ms) => {
+        Ok(ms) if ms <= LAST_MS => {
             humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
                 .to_string()
         }
-        Err(_) => "-".to_string(),
+        _ => "-".to_string(),
     }
 }
 
 /// `s` safe to print on one terminal line: whitespace runs become one
-/// space, other control characters are escaped (`\u{1b}`), so stored text
-/// from a message cannot move the cursor or fake output lines.
+/// space, other control characters and the format characters that reorder
+/// or hide text (bidi overrides, zero-width marks) are escaped
+/// (`\u{1b}`, `\u{202e}`), so stored text from a message cannot move the
+/// cursor, fake output lines or display reordered.
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for word in s.split_whitespace() {
@@ -80,7 +84,7 @@ pub fn printable(s: &str) -> String {
             out.push(' ');
         }
         for c in word.chars() {
-            if c.is_control() {
+            if c.is_control() || crate::deploy::record::is_invisible_format(c) {
                 out.extend(c.escape_default());
             } else {
                 out.push(c);
@@ -115,12 +119,19 @@ mod tests {
         assert_eq!(time(0), "1970-01-01T00:00:00Z");
         assert_eq!(time(1_700_000_000_999), "2023-11-14T22:13:20Z");
         assert_eq!(time(-1), "-");
+        assert_eq!(time(253_402_300_799_999), "9999-12-31T23:59:59Z");
+        assert_eq!(time(253_402_300_800_000), "-");
+        assert_eq!(time(i64::MAX), "-");
     }
 
     #[test]
     fn printable_is_one_safe_line() {
         assert_eq!(printable("a\n  b\tc "), "a b c");
         assert_eq!(printable("x\u{1b}[2Jy"), "x\\u{1b}[2Jy");
+        assert_eq!(
+            printable("inv-\u{202e}9-\u{200b}x"),
+            "inv-\\u{202e}9-\\u{200b}x"
+        );
         assert_eq!(shortened("abcdef", 4), "abc…");
         assert_eq!(shortened("abcd", 4), "abcd");
         assert_eq!(count(1, "receipt", "receipts"), "1 receipt");

@@ -188,7 +188,7 @@ pub fn escaped(s: &str, max: usize) -> String {
 /// (bidirectional embeddings, overrides and isolates, zero-width marks and
 /// joiners, the byte order mark): category Cf of the Unicode Character
 /// Database, as far as a terminal is concerned.
-fn is_invisible_format(c: char) -> bool {
+pub fn is_invisible_format(c: char) -> bool {
     matches!(c,
         '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
         | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')

@@ -147,9 +147,10 @@ impl Relay {
     /// then, for at most [`LAST_PASSES`], passes until none claims a row,
     /// so what the host committed last leaves before it exits.
     ///
-    /// A stop ends a pass where it is (a row sent and not yet deleted is
-    /// sent again after its lease, with the same id); with a database that
-    /// did not answer the last claim there are no last passes.
+    /// A stop ends a pass where it is: what was sent is deleted, what was
+    /// not started is given back, and only a send in flight is left to
+    /// be sent again after its lease, with the same id. With a database
+    /// that did not answer the last claim there are no last passes.
     pub async fn run(self, stop: CancellationToken) {
         let listening = stop.child_token();
         let listener = {
@@ -163,11 +164,14 @@ impl Relay {
                 self.set_gauges(&mut gauges).await;
                 gauges_at = Instant::now();
             }
-            let claimed = tokio::select! {
-                () = stop.cancelled() => break,
-                n = self.pass(Some(&stop), Instant::now() + LEASE / 2) => n,
-            };
-            if claimed == CLAIM as usize {
+            // The pass watches `stop` itself, so what it sent is recorded.
+            let claimed = self.pass(Some(&stop), Instant::now() + LEASE / 2).await;
+            if stop.is_cancelled() {
+                break;
+            }
+            // Rows were there: more may be due now (the next row of a key
+            // whose row was just deleted), so no wait.
+            if claimed > 0 {
                 continue;
             }
             tokio::select! {
@@ -182,13 +186,25 @@ impl Relay {
             return;
         }
         let until = Instant::now() + LAST_PASSES;
+        // Ends a last pass at the bound, recording what it sent.
+        let last_stop = CancellationToken::new();
+        let at_bound = {
+            let t = last_stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(LAST_PASSES).await;
+                t.cancel();
+            })
+        };
         let last = async {
-            while Instant::now() < until && self.pass(None, until).await > 0 {}
+            while !last_stop.is_cancelled() && self.pass(Some(&last_stop), until).await > 0 {}
             self.db.outbox_depth().await
         };
         // Bounded as a whole: a database that does not answer keeps a
         // claim waiting for a connection.
-        if let Ok(Ok((left, _))) = tokio::time::timeout(LAST_PASSES, last).await
+        let bound = LAST_PASSES + 2 * CLAIM_TIMEOUT;
+        let left = tokio::time::timeout(bound, last).await;
+        at_bound.abort();
+        if let Ok(Ok((left, _))) = left
             && left > 0
         {
             tracing::info!(
@@ -229,34 +245,80 @@ impl Relay {
         let claimed = rows.len();
         // Up to SENDS_IN_FLIGHT at once: the claim holds at most one row
         // of each key, so no two rows of one key are in flight together.
-        let outcomes: Vec<(OutboxRow, Option<SendResult>, i64)> = futures::stream::iter(rows)
-            .map(|row| async move {
-                if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled) {
-                    return (row, None, 0);
+        let started = std::sync::Mutex::new(std::collections::HashSet::new());
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let mut sends = futures::stream::iter(rows)
+            .map(|row| {
+                let started = &started;
+                async move {
+                    if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled)
+                    {
+                        return (row, None, 0);
+                    }
+                    if let Ok(mut s) = started.lock() {
+                        s.insert(row.id);
+                    }
+                    let result = self.send(&row).await;
+                    if result.is_ok() {
+                        crate::pipeline::fault::after_send();
+                    }
+                    (row, Some(result), now_ms())
                 }
-                let result = self.send(&row).await;
-                if result.is_ok() {
-                    crate::pipeline::fault::after_send();
-                }
-                (row, Some(result), now_ms())
             })
-            .buffer_unordered(SENDS_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut sent = Vec::new();
-        for (row, outcome, at) in outcomes {
-            match outcome {
-                None => self.release(&row).await,
-                Some(Ok(how)) => {
-                    crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
-                    crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
-                    sent.push(row.id);
-                }
-                Some(Err(e)) => self.record_failure(&row, &e).await,
+            .buffer_unordered(SENDS_IN_FLIGHT);
+        let mut outcomes: Vec<(OutboxRow, Option<SendResult>, i64)> = Vec::new();
+        let stopped = loop {
+            let next = match stop {
+                Some(stop) => tokio::select! {
+                    () = stop.cancelled() => break true,
+                    next = sends.next() => next,
+                },
+                None => sends.next().await,
+            };
+            match next {
+                Some(outcome) => outcomes.push(outcome),
+                None => break false,
             }
-        }
-        if let Err(e) = self.db.outbox_sent(&sent).await {
-            tracing::warn!(error = %e, rows = sent.len(), "cannot delete sent outbox rows; they are sent again after their lease, with the same ids");
+        };
+        drop(sends);
+        let record = async {
+            let mut sent = Vec::new();
+            let mut done = std::collections::HashSet::new();
+            for (row, outcome, at) in outcomes {
+                done.insert(row.id);
+                match outcome {
+                    None => self.release(&row).await,
+                    Some(Ok(how)) => {
+                        crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
+                        crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
+                        sent.push(row.id);
+                    }
+                    Some(Err(e)) => self.record_failure(&row, &e).await,
+                }
+            }
+            if let Err(e) = self.db.outbox_sent(&sent).await {
+                tracing::warn!(error = %e, rows = sent.len(), "cannot delete sent outbox rows; they are sent again after their lease, with the same ids");
+            }
+            if stopped {
+                // Not started: another host may send them at once. A send
+                // that was in flight keeps its lease.
+                let in_flight = started.lock().map(|s| s.clone()).unwrap_or_default();
+                for id in ids
+                    .iter()
+                    .filter(|id| !done.contains(id) && !in_flight.contains(id))
+                {
+                    if let Err(e) = self.db.outbox_release(*id, now_ms()).await {
+                        tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
+                    }
+                }
+            }
+        };
+        // A stopping host does not wait long on a database that does not
+        // answer: what is not recorded is sent again after its lease.
+        if stopped {
+            let _ = tokio::time::timeout(CLAIM_TIMEOUT, record).await;
+        } else {
+            record.await;
         }
         claimed
     }

@@ -24,6 +24,9 @@ pub struct StreamWindow {
     pub subjects: Vec<String>,
     /// How long it keeps message ids (`duplicate_window`).
     pub window: Duration,
+    /// It answers no publish (`no_ack`): the relay would never see a
+    /// send acknowledged and would send again for ever.
+    pub no_ack: bool,
 }
 
 /// What the check found for one handler: problems (one line each) and
@@ -42,10 +45,27 @@ pub fn check(handler: &str, publish: &[String], streams: &[StreamWindow]) -> Win
     for grant in publish {
         let mut stored = false;
         for s in streams {
-            if !s.subjects.iter().any(|sub| subject::overlap(sub, grant)) {
+            // A handler never publishes to `$…` or `_INBOX.` subjects
+            // (`subject`), so streams on them (idem's own buckets, any
+            // KV bucket) are not its targets.
+            let reachable = |sub: &&String| {
+                !(sub.starts_with('$') || *sub == "_INBOX" || sub.starts_with("_INBOX."))
+            };
+            if !s
+                .subjects
+                .iter()
+                .filter(reachable)
+                .any(|sub| subject::overlap(sub, grant))
+            {
                 continue;
             }
             stored = true;
+            if s.no_ack {
+                found.problems.push(format!(
+                    "handler `{handler}` may publish to {grant:?}, which stream `{}` stores without acknowledging publishes (no_ack); the outbox relay deletes a row only once its publish is acknowledged, so it would store copies for ever: turn no_ack off on the stream or take the subject out of `publish`",
+                    s.name
+                ));
+            }
             if s.window < RESEND_HORIZON {
                 found.problems.push(format!(
                     "handler `{handler}` may publish to {grant:?}, which stream `{}` stores with a duplicate_window of {}; the outbox relay may send a message again up to {} later, so raise the stream's duplicate_window to at least that (`nats stream edit {} --dupe-window {}s`)",
@@ -83,6 +103,7 @@ pub async fn check_streams(
             name: info.config.name,
             subjects: info.config.subjects,
             window: info.config.duplicate_window,
+            no_ack: info.config.no_ack,
         })
         .try_collect()
         .await
@@ -113,7 +134,26 @@ mod tests {
             name: name.into(),
             subjects: subjects.iter().map(|s| (*s).to_string()).collect(),
             window: Duration::from_secs(secs),
+            no_ack: false,
         }
+    }
+
+    #[test]
+    fn streams_on_broker_subjects_are_no_targets_and_no_ack_is_refused() {
+        let mut silent = stream("SILENT", &["audit.x"], 120);
+        silent.no_ack = true;
+        let streams = [
+            stream("KV_idem-hosts", &["$KV.idem-hosts.>"], 15),
+            stream("INBOXES", &["_INBOX.>"], 1),
+            silent,
+        ];
+        let publish = vec![">".to_string()];
+        let found = check("h", &publish, &streams);
+        assert_eq!(found.problems.len(), 1, "{:?}", found.problems);
+        assert!(found.problems[0].contains("stream `SILENT`"));
+        assert!(found.problems[0].contains("no_ack"));
+        let found = check("h", &["other.>".to_string()], &streams[..2]);
+        assert_eq!((found.problems.len(), found.unstored.len()), (0, 1));
     }
 
     #[test]
