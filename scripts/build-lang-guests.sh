@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the credit handler in Python, JavaScript and C, the
 # JavaScript versions of the strategy examples, and the orders example's
-# `orders` handler in JavaScript and Python (it publishes through the
+# `orders` handler in JavaScript, Python and C (it publishes through the
 # outbox), after installing their pinned
 # toolchains (scripts/toolchains.sh):
 #   target/guests/credit-python.wasm                  examples/credit-python (componentize-py)
@@ -12,6 +12,7 @@
 #                                                     examples/<strategy>-js, QuickJS (scripts/build-js.sh)
 #   target/guests/orders-python.wasm                  examples/orders-python (componentize-py)
 #   target/guests/credit-c.wasm                       examples/credit-c (wit-bindgen C + zig cc)
+#   target/guests/orders-c.wasm                       examples/orders-c (wit-bindgen C + zig cc)
 # None imports WASI: each runs with the default `wasi = false`.
 # Prints each language's build time of the credit handler (docs/handlers.md's
 # build-time column), then the JavaScript strategy examples' own.
@@ -29,6 +30,8 @@ for lang in "${langs[@]}"; do
     bash "$root/examples/credit-$lang/build.sh"
     if [[ $lang == python ]]; then
         bash "$root/examples/orders-python/build.sh"
+    elif [[ $lang == c ]]; then
+        bash "$root/examples/orders-c/build.sh"
     fi
     echo "build-lang-guests: $lang built in $((SECONDS - start)) s (toolchain already installed)"
     if [[ $lang == js ]]; then

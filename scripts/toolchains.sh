@@ -23,9 +23,9 @@
 #                ZIG_GLOBAL_CACHE_DIR (.tools/zig-cache).
 #   wit-bindgen  the wit-bindgen CLI, C generator only, built from crates.io
 #                into .tools/cargo (a Rust build: about 7 CPU-minutes). Needed only
-#                to regenerate examples/credit-c/bindings after wit/ changes
-#                (bash examples/credit-c/build.sh --regen), not to build the C
-#                example. Exports IDEM_WIT_BINDGEN.
+#                to regenerate examples/c-common/bindings after wit/ changes
+#                (bash scripts/build-c.sh --regen), not to build the C
+#                examples. Exports IDEM_WIT_BINDGEN.
 idem_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 idem_toolchains() (

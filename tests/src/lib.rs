@@ -19,6 +19,7 @@ pub mod examples;
 mod host;
 pub mod nats_jwt;
 pub mod pg_cluster;
+pub mod scrape;
 mod streams;
 pub mod tls;
 

@@ -6,10 +6,10 @@
 
 use idem_tests::chaos::HostProcess;
 use idem_tests::pg_cluster::PgCluster;
+use idem_tests::scrape::{http_get as get, scrape};
 use idem_tests::*;
 use sha2::Digest as _;
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -45,22 +45,6 @@ fn config_with(dir: &Path, nats: &Nats, db: &TestDb, port: u16, extra: &str) -> 
     path
 }
 
-/// `GET path` on the listener: `(status, body)`, `None` when nothing answers.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
 /// Polls `GET path` until its status is `status` (60 s at most); the body.
 async fn until_status(host: &mut HostProcess, port: u16, path: &str, status: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -78,19 +62,6 @@ async fn until_status(host: &mut HostProcess, port: u16, path: &str, status: u16
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// `/metrics` parsed: each sample's name with its labels, and its value.
-fn scrape(port: u16) -> BTreeMap<String, f64> {
-    let (status, body) = get(port, "/metrics").expect("no /metrics");
-    assert_eq!(status, 200, "{body}");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let (key, value) = l.rsplit_once(' ').unwrap();
-            (key.to_string(), value.parse::<f64>().unwrap())
-        })
-        .collect()
 }
 
 /// The handler's sample of `name` (`None`: not exported).

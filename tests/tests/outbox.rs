@@ -451,7 +451,7 @@ async fn a_target_stream_that_forgets_ids_too_soon_is_refused() {
     );
 }
 
-/// The orders example's `orders` handler in Rust, JavaScript and Python:
+/// The orders example's `orders` handler in Rust, JavaScript, Python and C:
 /// the same rows and the same stored messages (subject, payload,
 /// `Nats-Msg-Id`, `Content-Type`) for the same input; a copy and an order
 /// taken before publish nothing; a payload that is not an order publishes
@@ -569,6 +569,11 @@ on_both_databases!(
     the_orders_handler_in_python_publishes_as_rust_does,
     orders_python
 );
+
+async fn orders_c(backend: Backend) {
+    orders_in("orders-c", backend).await;
+}
+on_both_databases!(the_orders_handler_in_c_publishes_as_rust_does, orders_c);
 
 /// A stopping host deletes what it sent: calls answered 2xx in a pass
 /// whose other call hangs are not sent again by the next host; only the

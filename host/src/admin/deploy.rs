@@ -415,9 +415,11 @@ pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> 
     Ok(reports)
 }
 
-/// Runs `idem status`: one line per live host and handler; a host whose
+/// Runs `idem status`: one line per live host and handler (a host whose
 /// report no key of `[deploy] trusted_hosts` signed is marked
-/// `[unverified]`.
+/// `[unverified]`), then, when a handler of the config may publish or
+/// call, what waits in the outbox per handler and target
+/// (`super::outbox::status_text`).
 ///
 /// # Errors
 /// The broker cannot be reached or the buckets cannot be opened.
@@ -484,5 +486,19 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
             );
         }
     }
+    // Only where a handler may publish or call.
+    if config
+        .handlers
+        .iter()
+        .any(|h| !h.publish.is_empty() || !h.endpoints.is_empty())
+    {
+        print!(
+            "{}",
+            super::outbox::status_text(&config, STATUS_DATABASE_BOUND).await
+        );
+    }
     Ok(())
 }
+
+/// How long `idem status` waits for the database's outbox summary.
+const STATUS_DATABASE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);

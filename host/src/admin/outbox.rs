@@ -35,6 +35,59 @@ pub async fn list(config: &Path, handler: Option<&str>, limit: u32) -> anyhow::R
     Ok(())
 }
 
+/// One line per handler and target of `summary` at `now_ms`: `HANDLER
+/// publish SUBJECT: N pending, M parked, oldest Ss old` (the age only with
+/// pending rows), names escaped.
+pub fn summary_text(summary: &[OutboxSummary], now_ms: i64) -> String {
+    let mut out = String::new();
+    for s in summary {
+        let age = s.oldest_ms.map_or(String::new(), |t| {
+            let secs = now_ms.saturating_sub(t).max(0) / 1000;
+            format!(", oldest {secs}s old")
+        });
+        let _ = writeln!(
+            out,
+            "{} {}: {} pending, {} parked{age}",
+            printable(&s.consumer),
+            target_text(&s.target),
+            s.pending,
+            s.parked
+        );
+    }
+    out
+}
+
+/// What `idem status` says of the outbox of the database `config` names:
+/// `outbox: empty`, or `outbox:` and the [`summary_text`] lines indented;
+/// one line saying why when the database does not answer within `bound`
+/// (the status of the hosts is still worth printing).
+pub async fn status_text(config: &crate::config::Config, bound: std::time::Duration) -> String {
+    let read = async {
+        let db =
+            crate::store::Database::connect_existing(&config.database.url, 1, config.lock_wait())
+                .await?;
+        let summary = db.outbox_summary().await;
+        db.close().await;
+        anyhow::Ok(summary?)
+    };
+    match tokio::time::timeout(bound, read).await {
+        Ok(Ok(summary)) if summary.is_empty() => "outbox: empty\n".to_string(),
+        Ok(Ok(summary)) => {
+            let lines = summary_text(&summary, crate::store::now_ms());
+            let mut out = "outbox:\n".to_string();
+            for line in lines.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+            out
+        }
+        Ok(Err(e)) => format!(
+            "outbox: cannot read it: {}\n",
+            crate::deploy::record::escaped(&format!("{e:#}"), 300)
+        ),
+        Err(_) => format!("outbox: the database did not answer within {bound:?}\n"),
+    }
+}
+
 fn target_text(t: &Target) -> String {
     match t {
         Target::Publish(s) => format!("publish {}", printable(s)),
@@ -59,21 +112,7 @@ pub fn list_text(
             None => "the outbox is empty\n".to_string(),
         };
     }
-    let mut out = String::new();
-    for s in summary {
-        let age = s.oldest_ms.map_or(String::new(), |t| {
-            let secs = now_ms.saturating_sub(t).max(0) / 1000;
-            format!(", oldest {secs}s old")
-        });
-        let _ = writeln!(
-            out,
-            "{} {}: {} pending, {} parked{age}",
-            printable(&s.consumer),
-            target_text(&s.target),
-            s.pending,
-            s.parked
-        );
-    }
+    let mut out = summary_text(summary, now_ms);
     out.push('\n');
     let header = [
         "ID",

@@ -94,6 +94,9 @@ pub async fn ensure_consumer_from(
             name: handler.stream.clone(),
             subjects: handler.subjects.clone(),
             max_age: handler.retention,
+            // What another handler's outbox publishes here in one
+            // delivery is stored together (JetStream atomic batch).
+            allow_atomic_publish: true,
             metadata: [(
                 drift::OWNER_KEY.to_string(),
                 drift::OWNER_VALUE.to_string(),

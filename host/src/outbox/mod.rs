@@ -1,12 +1,16 @@
 //! The transactional outbox: what a handler publishes or calls is stored in
 //! its message's transaction and sent after the commit (ARCHITECTURE.md,
 //! "The outbox"). This module admits a guest's calls against its grants
-//! (`grants`, `subject`) and caps (`calls`); `relay` sends the rows;
-//! `window` checks at start that target streams drop the relay's copies.
+//! (`grants`, `subject`) and caps (`calls`); `relay` sends the rows, one
+//! delivery's publishes to one stream as an atomic batch (`batch`, with
+//! what it knows of streams in `streams`); `window` checks at start that
+//! target streams drop the relay's copies.
 
+pub mod batch;
 pub mod calls;
 pub mod grants;
 pub mod relay;
+pub mod streams;
 pub mod subject;
 pub mod window;
 

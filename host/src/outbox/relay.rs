@@ -1,9 +1,11 @@
 //! The relay: sends what committed messages stored in the outbox
 //! (`idem_outbox`), on every host (no leader). A pass claims the due rows
-//! for a lease ([`LEASE`]; PostgreSQL skips rows another host's claim
-//! holds), sends them ([`SENDS_IN_FLIGHT`] at once), deletes the sent ones
-//! in one statement and makes the others due again later
-//! ([`retry_after`]). A host that dies between sending and deleting
+//! of whole deliveries (one message's rows) for a lease ([`LEASE`];
+//! PostgreSQL skips deliveries another host's claim holds), sends them
+//! ([`SENDS_IN_FLIGHT`] deliveries at once, one delivery's rows in call
+//! order, its publishes to one stream as one atomic batch,
+//! [`super::batch`]), deletes the sent ones in one statement and makes
+//! the others due again later ([`retry_after`]). A host that dies between sending and deleting
 //! leaves the row to be claimed again after the lease; it is sent again
 //! with the same id ([`delivery_id`]): JetStream drops the copy inside the
 //! target stream's duplicate window (a PubAck with `duplicate: true`
@@ -18,7 +20,9 @@
 //! ([`crate::metrics::OutboxGauges`]).
 
 use super::Target;
+use super::batch::{BatchSent, Step, plan, publish_batch};
 use super::grants::OutboxGrants;
+use super::streams::StreamFactsCache;
 use crate::store::{Database, OutboxRow, PARKED};
 use async_nats::jetstream;
 use futures::StreamExt as _;
@@ -47,9 +51,10 @@ pub const RESEND_HORIZON: Duration =
     Duration::from_secs(LEASE.as_secs() + POLL.as_secs() + SEND_TIMEOUT.as_secs());
 /// How often the relay reads the outbox's depth and age for the gauges.
 pub const GAUGES_EVERY: Duration = Duration::from_secs(5);
-/// Sends one pass has in flight at once.
+/// Deliveries one pass sends at once.
 pub const SENDS_IN_FLIGHT: usize = 16;
-/// Rows one pass claims.
+/// Deliveries (one handler's message's rows, at most its
+/// `max_outbox_calls`) one pass claims.
 pub const CLAIM: u32 = 64;
 /// The bound on one claim: a database that does not answer (a pool
 /// waiting for a connection) fails the pass rather than holding it.
@@ -105,6 +110,10 @@ type SendResult = Result<Sent, String>;
 pub struct Relay {
     db: Arc<Database>,
     js: jetstream::Context,
+    /// `js`'s connection, for a batch's requests.
+    client: async_nats::Client,
+    /// Which stream stores a subject, for batches.
+    streams: StreamFactsCache,
     http: reqwest::Client,
     /// Per handler, its grants (where its endpoints are).
     grants: HashMap<String, Arc<OutboxGrants>>,
@@ -130,7 +139,9 @@ impl Relay {
             .build()?;
         Ok(Self {
             db,
+            client: js.client(),
             js,
+            streams: StreamFactsCache::default(),
             http,
             grants,
             wake: Arc::new(Notify::new()),
@@ -243,30 +254,14 @@ impl Relay {
         };
         self.claim_failing.store(false, Ordering::Relaxed);
         let claimed = rows.len();
-        // Up to SENDS_IN_FLIGHT at once: the claim holds at most one row
-        // of each key, so no two rows of one key are in flight together.
-        let started = std::sync::Mutex::new(std::collections::HashSet::new());
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let mut sends = futures::stream::iter(rows)
-            .map(|row| {
-                let started = &started;
-                async move {
-                    if Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled)
-                    {
-                        return (row, None, 0);
-                    }
-                    if let Ok(mut s) = started.lock() {
-                        s.insert(row.id);
-                    }
-                    let result = self.send(&row).await;
-                    if result.is_ok() {
-                        crate::pipeline::fault::after_send();
-                    }
-                    (row, Some(result), now_ms())
-                }
-            })
+        let progress = Progress::default();
+        // Up to SENDS_IN_FLIGHT deliveries at once; the rows of one
+        // delivery one step after the other, so rows of one key (which a
+        // claim takes only from one delivery) leave in call order.
+        let mut sends = futures::stream::iter(deliveries(rows))
+            .map(|rows| self.send_delivery(rows, stop, until, &progress))
             .buffer_unordered(SENDS_IN_FLIGHT);
-        let mut outcomes: Vec<(OutboxRow, Option<SendResult>, i64)> = Vec::new();
         let stopped = loop {
             let next = match stop {
                 Some(stop) => tokio::select! {
@@ -275,25 +270,31 @@ impl Relay {
                 },
                 None => sends.next().await,
             };
-            match next {
-                Some(outcome) => outcomes.push(outcome),
-                None => break false,
+            if next.is_none() {
+                break false;
             }
         };
         drop(sends);
+        let (outcomes, in_flight) = progress.take();
         let record = async {
             let mut sent = Vec::new();
             let mut done = std::collections::HashSet::new();
-            for (row, outcome, at) in outcomes {
+            for Outcome {
+                row,
+                result,
+                at,
+                due,
+            } in outcomes
+            {
                 done.insert(row.id);
-                match outcome {
+                match result {
                     None => self.release(&row).await,
                     Some(Ok(how)) => {
                         crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
                         crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
                         sent.push(row.id);
                     }
-                    Some(Err(e)) => self.record_failure(&row, &e).await,
+                    Some(Err(e)) => self.record_failure(&row, &e, due).await,
                 }
             }
             if let Err(e) = self.db.outbox_sent(&sent).await {
@@ -302,7 +303,6 @@ impl Relay {
             if stopped {
                 // Not started: another host may send them at once. A send
                 // that was in flight keeps its lease.
-                let in_flight = started.lock().map(|s| s.clone()).unwrap_or_default();
                 for id in ids
                     .iter()
                     .filter(|id| !done.contains(id) && !in_flight.contains(id))
@@ -323,6 +323,142 @@ impl Relay {
         claimed
     }
 
+    /// Sends one delivery's rows (in call order) as [`plan`] steps them,
+    /// recording each step's outcome in `progress` as it ends. A step not
+    /// started by `until` or `stop` gives its rows back; so does a step
+    /// holding a row whose key an earlier failed row of this delivery
+    /// holds (the claim then waits for that row's retry).
+    async fn send_delivery(
+        &self,
+        rows: Vec<OutboxRow>,
+        stop: Option<&CancellationToken>,
+        until: Instant,
+        progress: &Progress,
+    ) {
+        let over = || Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled);
+        let mut streams = HashMap::new();
+        let publishes: Vec<&str> = rows
+            .iter()
+            .filter_map(|r| match &r.target {
+                Target::Publish(s) => Some(s.as_str()),
+                Target::Call(_) => None,
+            })
+            .collect();
+        if publishes.len() > 1 && !over() {
+            for subject in publishes {
+                if streams.contains_key(subject) {
+                    continue;
+                }
+                match self.streams.facts(&self.js, subject).await {
+                    Ok(Some(facts)) => {
+                        streams.insert(subject.to_owned(), facts);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let due = self.due_together(rows.iter());
+                        progress.record(rows.into_iter().map(|row| Outcome::failed(row, &e, due)));
+                        return;
+                    }
+                }
+            }
+        }
+        let steps = plan(&rows, &streams);
+        let mut slots: Vec<Option<OutboxRow>> = rows.into_iter().map(Some).collect();
+        let mut failed_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for step in steps {
+            let taken: Vec<OutboxRow> = step
+                .rows()
+                .iter()
+                .filter_map(|i| slots.get_mut(*i)?.take())
+                .collect();
+            let held = taken
+                .iter()
+                .any(|r| r.key.as_ref().is_some_and(|k| failed_keys.contains(k)));
+            if held || over() {
+                progress.record(taken.into_iter().map(Outcome::given_back));
+                continue;
+            }
+            progress.start(&taken);
+            let outcomes = match step {
+                Step::One(_) => {
+                    let mut one = Vec::new();
+                    for row in taken {
+                        let result = self.send(&row).await;
+                        one.push(Outcome::of(row, result, None));
+                    }
+                    one
+                }
+                Step::Batch(stream, _) => self.send_batch(&stream, taken).await,
+            };
+            for o in &outcomes {
+                match &o.result {
+                    Some(Ok(_)) => crate::pipeline::fault::after_send(),
+                    Some(Err(_)) => {
+                        if let Some(k) = &o.row.key {
+                            failed_keys.insert(k.clone());
+                        }
+                    }
+                    None => {}
+                }
+            }
+            progress.record(outcomes);
+        }
+    }
+
+    /// Sends `rows`, publishes to `stream`, as one atomic batch; when the
+    /// stream refuses the batch as a whole for a reason single publishes
+    /// do not have ([`BatchSent::OneByOne`]), one by one. A batch that
+    /// fails makes all its rows due again at the same time, so the next
+    /// claim takes them together.
+    async fn send_batch(&self, stream: &str, rows: Vec<OutboxRow>) -> Vec<Outcome> {
+        let ids: Vec<String> = rows
+            .iter()
+            .map(|r| delivery_id(&r.consumer, &r.message_id, r.call_index))
+            .collect();
+        let refs: Vec<&OutboxRow> = rows.iter().collect();
+        let sent = tokio::time::timeout(SEND_TIMEOUT, publish_batch(&self.client, &refs, &ids))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no acknowledgement of a batch to stream {stream} within {SEND_TIMEOUT:?}"
+                ))
+            });
+        match sent {
+            Ok(BatchSent::Stored) => rows
+                .into_iter()
+                .map(|row| Outcome::of(row, Ok(Sent::Sent), None))
+                .collect(),
+            Ok(BatchSent::OneByOne(why)) => {
+                tracing::debug!(stream, reason = %why, rows = rows.len(), "stream refused an outbox batch as a whole; publishing its rows one by one");
+                for row in &rows {
+                    if let Target::Publish(s) = &row.target {
+                        self.streams.forget(s);
+                    }
+                }
+                let mut outcomes = Vec::new();
+                for row in rows {
+                    let result = self.send(&row).await;
+                    outcomes.push(Outcome::of(row, result, None));
+                }
+                outcomes
+            }
+            Err(e) => {
+                let due = self.due_together(rows.iter());
+                rows.into_iter()
+                    .map(|row| Outcome::failed(row, &e, due))
+                    .collect()
+            }
+        }
+    }
+
+    /// When rows that failed together are due again: after the longest
+    /// wait any of them has earned.
+    fn due_together<'a>(&self, rows: impl Iterator<Item = &'a OutboxRow>) -> Option<i64> {
+        let attempts = rows.map(|r| r.attempts).max()?;
+        let wait = i64::try_from(retry_after(attempts).as_millis()).unwrap_or(i64::MAX);
+        Some(now_ms().saturating_add(wait))
+    }
+
     /// Reads what waits per handler and target into the gauges (bounded
     /// like a claim; a failure leaves them as they were).
     async fn set_gauges(&self, gauges: &mut crate::metrics::OutboxGauges) {
@@ -340,9 +476,9 @@ impl Relay {
         }
     }
 
-    /// Records that `row`'s send failed with `e`: due again later, or
-    /// parked after a call's last try.
-    async fn record_failure(&self, row: &OutboxRow, e: &str) {
+    /// Records that `row`'s send failed with `e`: due again at `due` or
+    /// after [`retry_after`] its tries, or parked after a call's last try.
+    async fn record_failure(&self, row: &OutboxRow, e: &str, due: Option<i64>) {
         let target = match &row.target {
             Target::Publish(s) | Target::Call(s) => s.as_str(),
         };
@@ -358,8 +494,10 @@ impl Relay {
             } else {
                 tracing::debug!(handler = %row.consumer, target, attempts = row.attempts, error = %e, "outbox send failed; trying again later");
             }
-            let wait = i64::try_from(retry_after(row.attempts).as_millis()).unwrap_or(i64::MAX);
-            now_ms().saturating_add(wait)
+            due.unwrap_or_else(|| {
+                let wait = i64::try_from(retry_after(row.attempts).as_millis()).unwrap_or(i64::MAX);
+                now_ms().saturating_add(wait)
+            })
         };
         if let Err(err) = self.db.outbox_failed(row.id, due, e).await {
             tracing::warn!(error = %err, "cannot record a failed outbox send; the row is tried again after its lease");
@@ -432,6 +570,94 @@ impl Relay {
 
 fn now_ms() -> i64 {
     crate::store::now_ms()
+}
+
+/// What became of one claimed row in a pass.
+struct Outcome {
+    row: OutboxRow,
+    /// `None`: not started, given back.
+    result: Option<SendResult>,
+    /// When the send ended (Unix ms).
+    at: i64,
+    /// When it is due again if it failed, where that is not its own
+    /// [`retry_after`].
+    due: Option<i64>,
+}
+
+impl Outcome {
+    fn of(row: OutboxRow, result: SendResult, due: Option<i64>) -> Self {
+        Self {
+            row,
+            result: Some(result),
+            at: now_ms(),
+            due,
+        }
+    }
+    fn failed(row: OutboxRow, e: &str, due: Option<i64>) -> Self {
+        Self::of(row, Err(e.to_owned()), due)
+    }
+    fn given_back(row: OutboxRow) -> Self {
+        Self {
+            row,
+            result: None,
+            at: now_ms(),
+            due: None,
+        }
+    }
+}
+
+/// A pass's record, shared by its deliveries: the outcomes so far and
+/// the rows whose send began (a stop keeps the lease of those in
+/// flight).
+#[derive(Default)]
+struct Progress {
+    outcomes: std::sync::Mutex<Vec<Outcome>>,
+    started: std::sync::Mutex<std::collections::HashSet<i64>>,
+}
+
+impl Progress {
+    fn start(&self, rows: &[OutboxRow]) {
+        if let Ok(mut s) = self.started.lock() {
+            s.extend(rows.iter().map(|r| r.id));
+        }
+    }
+    fn record(&self, outcomes: impl IntoIterator<Item = Outcome>) {
+        if let Ok(mut o) = self.outcomes.lock() {
+            o.extend(outcomes);
+        }
+    }
+    fn take(self) -> (Vec<Outcome>, std::collections::HashSet<i64>) {
+        (
+            self.outcomes.into_inner().unwrap_or_default(),
+            self.started.into_inner().unwrap_or_default(),
+        )
+    }
+}
+
+/// `rows` as deliveries (the rows of one handler's message), each in
+/// call order, the deliveries in the order of their first row.
+fn deliveries(mut rows: Vec<OutboxRow>) -> Vec<Vec<OutboxRow>> {
+    rows.sort_by_key(|r| r.id);
+    let mut out: Vec<Vec<OutboxRow>> = Vec::new();
+    let mut at: HashMap<(String, String), usize> = HashMap::new();
+    for row in rows {
+        let key = (row.consumer.clone(), row.message_id.clone());
+        match at.get(&key) {
+            Some(&i) => {
+                if let Some(d) = out.get_mut(i) {
+                    d.push(row);
+                }
+            }
+            None => {
+                at.insert(key, out.len());
+                out.push(vec![row]);
+            }
+        }
+    }
+    for d in &mut out {
+        d.sort_by_key(|r| r.call_index);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -43,33 +43,85 @@ macro_rules! claimed_columns {
     };
 }
 
-/// Claims up to `$3` rows due at `$1` (Unix ms) until `$2` (the lease):
-/// the oldest first, and of the rows with a key only the oldest of its
-/// key, so one key's rows leave one after the other in commit order. A
-/// parked row ([`PARKED`]) holds its key no longer.
-macro_rules! claim {
-    ($lock:literal) => {
+/// A row of table `$t` (`o`, or `idem_outbox` itself) that no earlier
+/// row of its key holds: none of another message that is not parked
+/// ([`PARKED`]), and none of its own message that is not due at `$1` (a
+/// row of its own message due with it is claimed with it, and the relay
+/// sends one delivery's rows in call order).
+macro_rules! key_free {
+    ($t:literal) => {
         concat!(
-            "UPDATE idem_outbox SET due_ms = $2, attempts = attempts + 1
-             WHERE id IN (
-                 SELECT o.id FROM idem_outbox o
-                 WHERE o.due_ms <= $1
-                   AND (o.ordering_key IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM idem_outbox p
-                       WHERE p.consumer = o.consumer AND p.ordering_key = o.ordering_key
-                         AND p.id < o.id AND p.due_ms < 9223372036854775807))
-                 ORDER BY o.id LIMIT $3",
-            $lock,
-            ") RETURNING ",
+            "(",
+            $t,
+            ".ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM idem_outbox p
+                 WHERE p.consumer = ",
+            $t,
+            ".consumer AND p.ordering_key = ",
+            $t,
+            ".ordering_key
+                   AND p.id < ",
+            $t,
+            ".id AND p.due_ms < 9223372036854775807
+                   AND (p.message_id <> ",
+            $t,
+            ".message_id OR p.due_ms > $1)))"
+        )
+    };
+}
+
+/// The deliveries (one handler's message's rows) with a row due at `$1`
+/// (Unix ms) that its key lets go, the `$3` oldest.
+macro_rules! due_deliveries {
+    () => {
+        concat!(
+            "SELECT o.consumer, o.message_id, min(o.id) AS first FROM idem_outbox o
+             WHERE o.due_ms <= $1 AND ",
+            key_free!("o"),
+            " GROUP BY o.consumer, o.message_id ORDER BY first LIMIT $3"
+        )
+    };
+}
+
+/// Claims, of the deliveries in CTE `mine`, every row due at `$1` that its
+/// key lets go, until `$2` (the lease); what it claimed.
+macro_rules! claim_rows {
+    () => {
+        concat!(
+            " UPDATE idem_outbox SET due_ms = $2, attempts = attempts + 1
+              WHERE due_ms <= $1
+                AND (consumer, message_id) IN (SELECT consumer, message_id FROM mine)
+                AND ",
+            key_free!("idem_outbox"),
+            " RETURNING ",
             claimed_columns!()
         )
     };
 }
 
-/// PostgreSQL: rows another host's claim holds are skipped, not waited for.
-const CLAIM_POSTGRES: &str = claim!(" FOR UPDATE SKIP LOCKED");
+/// PostgreSQL: claims whole deliveries, so one delivery's publishes can
+/// leave as one batch. A delivery is taken by one claim at a time: each
+/// claim holds a transaction-scoped advisory lock on the pair of keys
+/// `1768187246` and the hash of consumer and message id, and skips a
+/// delivery whose lock another claim holds. A claim that takes the lock
+/// after the other committed finds the rows leased: PostgreSQL checks
+/// `due_ms` again on the row version it updates (READ COMMITTED,
+/// <https://www.postgresql.org/docs/current/transaction-iso.html>).
+const CLAIM_POSTGRES: &str = concat!(
+    "WITH due AS MATERIALIZED (",
+    due_deliveries!(),
+    "), mine AS MATERIALIZED (
+         SELECT consumer, message_id FROM due
+         WHERE pg_try_advisory_xact_lock(1768187246, hashtext(consumer || ' ' || message_id)))",
+    claim_rows!()
+);
 /// SQLite has one writer: the claim holds the write lock.
-const CLAIM_SQLITE: &str = claim!("");
+const CLAIM_SQLITE: &str = concat!(
+    "WITH mine AS MATERIALIZED (",
+    due_deliveries!(),
+    ")",
+    claim_rows!()
+);
 
 /// The `due_ms` of a parked row: never due again (kept for an operator).
 pub const PARKED: i64 = i64::MAX;
@@ -175,10 +227,11 @@ impl Tx {
 }
 
 impl Database {
-    /// Claims up to `limit` rows due at `now_ms` (Unix ms) for `lease_ms`:
-    /// no other claim takes them until then, and a host that dies while
-    /// sending leaves them to be claimed again after it. Oldest first; of
-    /// the rows with a key, only the oldest of each key.
+    /// Claims the due rows of up to `limit` deliveries (one handler's
+    /// message's rows), due at `now_ms` (Unix ms), for `lease_ms`: no other
+    /// claim takes them until then, and a host that dies while sending
+    /// leaves them to be claimed again after it. Oldest first; of the rows
+    /// with a key, only those of the oldest delivery holding the key.
     ///
     /// # Errors
     /// The statement fails, or a row does not decode.

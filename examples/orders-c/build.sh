@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Builds the C orders handler into target/guests/orders-c.wasm
+# (scripts/build-c.sh: zig cc and wasm-tools, no WASI imports).
+set -euo pipefail
+exec bash "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/build-c.sh" orders-c orders

@@ -1,0 +1,310 @@
+//! One delivery's publishes to one stream leave as one JetStream atomic
+//! batch (the stream allows atomic publish), against the real binary, a
+//! real nats-server and PostgreSQL or SQLite:
+//! - a message that publishes three times to stream BATCHED (two rows of
+//!   one key, one without) is stored as one batch: one `Nats-Batch-Id`,
+//!   `Nats-Batch-Sequence` 1 to 3 in call order, the commit on the last,
+//!   each with its own `Nats-Msg-Id`;
+//! - the host aborts right after that batch is stored and before its rows
+//!   are deleted (`abort-after-send:1`); once the rows are due again (their
+//!   lease run out) the next host sends the batch again, the stream refuses
+//!   it as holding stored messages (10201), and the rows go one by one,
+//!   each answered as a duplicate: 3 duplicates counted, nothing stored
+//!   twice;
+//! - a batch the stream refuses part of (one message over its
+//!   `max_msg_size`) stores nothing, and its rows stay pending with the
+//!   error; once the stream takes bigger messages the whole batch lands.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem::outbox::relay::delivery_id;
+use idem_tests::chaos::HostProcess;
+use idem_tests::scrape::{http_get, scrape};
+use idem_tests::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const HANDLER: &str = "orders";
+
+fn host_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_idem-test-host"))
+}
+
+/// One `behave` handler on `orders.placed` that may publish to `batch.>`,
+/// with `[service] listen` on `port`.
+fn config(dir: &Path, nats: &Nats, db: &TestDb, port: u16) -> PathBuf {
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.stream = "ORDERS".into();
+    spec.subjects = vec!["orders.placed".into()];
+    spec.extra.push_str("publish = [\"batch.>\"]\n");
+    let path = write_config(dir, nats, db, &[spec]);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[service]\nlisten = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A stored message: subject, payload, and its `Nats-Msg-Id`,
+/// `Nats-Batch-Id`, `Nats-Batch-Sequence` and `Nats-Batch-Commit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stored {
+    subject: String,
+    payload: String,
+    msg_id: String,
+    batch: String,
+    batch_seq: String,
+    commit: String,
+}
+
+async fn stored(js: &async_nats::jetstream::Context) -> Vec<Stored> {
+    let stream = js.get_stream("BATCHED").await.unwrap();
+    let last = stream.get_info().await.unwrap().state.last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let header = |name: &str| {
+            m.headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        out.push(Stored {
+            subject: m.subject.to_string(),
+            payload: String::from_utf8_lossy(&m.payload).to_string(),
+            msg_id: header("Nats-Msg-Id"),
+            batch: header("Nats-Batch-Id"),
+            batch_seq: header("Nats-Batch-Sequence"),
+            commit: header("Nats-Batch-Commit"),
+        });
+    }
+    out
+}
+
+/// Waits until `check` holds for the outbox row count (60 s at most),
+/// the host still running.
+async fn until_rows(db: &TestDb, host: &mut HostProcess, what: &str, check: impl Fn(i64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = db.scalar("SELECT count(*) FROM idem_outbox").await.unwrap();
+        if check(n) {
+            return;
+        }
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "{what} (rows: {n}); log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the host answers `/readyz` with 200 (its streams and
+/// consumers are there).
+async fn ready(host: &mut HostProcess, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(port, "/readyz").map(|r| r.0) != Some(200) {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "the host did not get ready; log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The handler's sample of `name` on the host's `/metrics` (0 when not
+/// exported yet).
+fn counter(port: u16, name: &str) -> f64 {
+    scrape(port)
+        .get(&format!("{name}{{handler=\"{HANDLER}\"}}"))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+on_both_databases!(
+    one_deliverys_publishes_land_together_once,
+    lands_together_once
+);
+
+async fn lands_together_once(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = config(dir.path(), &nats, &db, port);
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "BATCHED".into(),
+        subjects: vec!["batch.>".into()],
+        max_age: DEFAULT_RETENTION,
+        allow_atomic_publish: true,
+        // Headers of a batch's message (ids, batch id, sequence, commit)
+        // take about 150 bytes.
+        max_message_size: 256,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    // The batch is stored, then the host aborts before deleting its rows.
+    let mut host = HostProcess::spawn(host_bin(), &cfg, "abort-after-send:1", dir.path(), "h1");
+    ready(&mut host, port).await;
+    let m1 = json!({"event_id": "m1", "op": "outbox", "calls": [
+        {"publish": "batch.a", "payload": "one", "key": "k"},
+        {"publish": "batch.b", "payload": "two"},
+        {"publish": "batch.a", "payload": "three", "key": "k"},
+    ]});
+    publish(&js, "orders.placed", &m1.to_string(), &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while host.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the host did not abort after its send"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = stored(&js).await;
+    let id = |m: &str, i| delivery_id(HANDLER, m, i);
+    let batch = first[0].batch.clone();
+    assert_eq!(batch.len(), 22, "a batch id: {first:?}");
+    let expect = |rows: &[(&str, &str, &str, u32)], batch: &str| -> Vec<Stored> {
+        rows.iter()
+            .enumerate()
+            .map(|(n, (subject, payload, m, i))| Stored {
+                subject: (*subject).into(),
+                payload: (*payload).into(),
+                msg_id: id(m, *i),
+                batch: batch.into(),
+                batch_seq: (n + 1).to_string(),
+                commit: if n + 1 == rows.len() {
+                    "1".into()
+                } else {
+                    String::new()
+                },
+            })
+            .collect()
+    };
+    let m1_stored = expect(
+        &[
+            ("batch.a", "one", "m1", 0),
+            ("batch.b", "two", "m1", 1),
+            ("batch.a", "three", "m1", 2),
+        ],
+        &batch,
+    );
+    assert_eq!(first, m1_stored);
+    assert_eq!(db.scalar("SELECT count(*) FROM idem_outbox").await, Some(3));
+
+    // Their lease run out, the next host sends them again: refused as a
+    // batch holding stored messages, then one by one, each a duplicate.
+    db.execute("UPDATE idem_outbox SET due_ms = 0").await;
+    let mut host = HostProcess::spawn_with_env(
+        host_bin(),
+        &cfg,
+        &[("RUST_LOG", "info,async_nats=warn,idem::outbox=debug")],
+        dir.path(),
+        "h2",
+    );
+    ready(&mut host, port).await;
+    until_rows(&db, &mut host, "the batch was not sent again", |n| n == 0).await;
+    assert_eq!(stored(&js).await, m1_stored);
+    assert_eq!(counter(port, "idem_outbox_sent_total"), 3.0);
+    assert_eq!(counter(port, "idem_outbox_duplicates_total"), 3.0);
+    let log = std::fs::read_to_string(&host.log).unwrap();
+    assert!(
+        log.contains("publishing its rows one by one") && log.contains("error 10201"),
+        "{log}"
+    );
+
+    // One message over the stream's max_msg_size: nothing of the batch is
+    // stored, the rows wait with the error.
+    let big = "x".repeat(300);
+    let m2 = json!({"event_id": "m2", "op": "outbox", "calls": [
+        {"publish": "batch.a", "payload": "small"},
+        {"publish": "batch.b", "payload": big},
+        {"publish": "batch.a", "payload": "last"},
+    ]});
+    publish(&js, "orders.placed", &m2.to_string(), &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db
+        .scalar("SELECT count(*) FROM idem_outbox WHERE attempts >= 2 AND last_error LIKE '%exceeds maximum%'")
+        .await
+        != Some(3)
+    {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "the refused batch was not tried again; log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(stored(&js).await, m1_stored);
+    assert_eq!(counter(port, "idem_outbox_sent_total"), 3.0);
+    // `idem status` shows what waits, per target.
+    // (Hosts report every few seconds; this one committed m2 only. The
+    // aborted host's last report may still be there.)
+    let me = format!("-{} ", host.pid());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let out = loop {
+        let (code, out, err) = idem_cli(&["status", "--config", cfg.to_str().unwrap()], &[]);
+        assert_eq!(code, 0, "{err}");
+        if out
+            .lines()
+            .any(|l| l.contains(&me) && l.contains(" processed=1 "))
+            || Instant::now() > deadline
+        {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&me) && l.contains(" processed=1 ")),
+        "{out}"
+    );
+    let outbox = lines.iter().position(|l| *l == "outbox:").expect(&out);
+    assert_eq!(lines.len(), outbox + 3, "{out}");
+    assert!(
+        lines[outbox + 1].starts_with("  orders publish batch.a: 2 pending, 0 parked, oldest "),
+        "{out}"
+    );
+    assert!(
+        lines[outbox + 2].starts_with("  orders publish batch.b: 1 pending, 0 parked, oldest "),
+        "{out}"
+    );
+
+    // The stream takes bigger messages: the whole batch lands.
+    let mut config = js
+        .get_stream("BATCHED")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.max_message_size = 1024;
+    js.update_stream(config).await.unwrap();
+    until_rows(&db, &mut host, "the batch did not land", |n| n == 0).await;
+    let all = stored(&js).await;
+    assert_eq!(all.len(), 6, "{all:?}");
+    assert_eq!(all[..3], m1_stored[..]);
+    assert_ne!(all[3].batch, batch);
+    assert_eq!(
+        all[3..],
+        expect(
+            &[
+                ("batch.a", "small", "m2", 0),
+                ("batch.b", &big, "m2", 1),
+                ("batch.a", "last", "m2", 2)
+            ],
+            &all[3].batch,
+        )[..]
+    );
+    assert_eq!(counter(port, "idem_outbox_sent_total"), 6.0);
+    assert_eq!(counter(port, "idem_outbox_duplicates_total"), 3.0);
+    let ended = host.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    assert_eq!(db.receipts(HANDLER).await, 2);
+}
