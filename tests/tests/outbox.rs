@@ -374,6 +374,25 @@ async fn sends_once(backend: Backend) {
     assert_eq!(db.scalar("SELECT count(*) FROM idem_outbox").await, Some(0));
     let (code, out, _) = idem_cli(&["outbox", "list", "--config", cfg_arg], &[]);
     assert_eq!((code, out.as_str()), (0, "the outbox is empty\n"));
+    // A handler name the config does not know, with no rows: a typo.
+    let (code, _, err) = idem_cli(
+        &[
+            "outbox",
+            "retry",
+            "--handler",
+            "order",
+            "--all",
+            "--config",
+            cfg_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("idem: handler `order` is not in ")
+            && err.contains("(it has orders, legacy)"),
+        "{err}"
+    );
 }
 
 /// PostgreSQL: the message's transaction notifies `idem_outbox` when it

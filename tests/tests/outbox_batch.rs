@@ -13,7 +13,9 @@
 //!   twice;
 //! - a batch the stream refuses part of (one message over its
 //!   `max_msg_size`) stores nothing, and its rows stay pending with the
-//!   error; once the stream takes bigger messages the whole batch lands.
+//!   error (`idem status` and the pending gauge, labelled with the grant
+//!   `batch.>`, show them); once the stream takes bigger messages the
+//!   whole batch lands.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -274,6 +276,23 @@ async fn lands_together_once(backend: Backend) {
     assert!(
         lines[outbox + 2].starts_with("  orders publish batch.b: 1 pending, 0 parked, oldest "),
         "{out}"
+    );
+
+    // The gauge counts per grant (`batch.>`), not per subject; every
+    // host reads it every 5 s.
+    let pending = "idem_outbox_pending{handler=\"orders\",target=\"publish:batch.>\"}";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while scrape(port).get(pending).copied() != Some(3.0) {
+        assert!(
+            Instant::now() < deadline,
+            "{pending} never read 3: {:?}",
+            scrape(port)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !scrape(port).keys().any(|k| k.contains("publish:batch.a")),
+        "a series per subject"
     );
 
     // The stream takes bigger messages: the whole batch lands.

@@ -11,6 +11,10 @@ use std::path::Path;
 /// Rows `idem outbox list` shows at most unless `--limit` says otherwise.
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
 
+/// Longest handler name or target `idem outbox` prints (characters): a
+/// row an operator or another program inserted may hold anything.
+const NAME_CHARS: usize = 80;
+
 /// Longest error `idem outbox list` prints (characters).
 const LIST_ERROR_CHARS: usize = 80;
 
@@ -48,7 +52,7 @@ pub fn summary_text(summary: &[OutboxSummary], now_ms: i64) -> String {
         let _ = writeln!(
             out,
             "{} {}: {} pending, {} parked{age}",
-            printable(&s.consumer),
+            shortened(&s.consumer, NAME_CHARS),
             target_text(&s.target),
             s.pending,
             s.parked
@@ -90,8 +94,8 @@ pub async fn status_text(config: &crate::config::Config, bound: std::time::Durat
 
 fn target_text(t: &Target) -> String {
     match t {
-        Target::Publish(s) => format!("publish {}", printable(s)),
-        Target::Call(s) => format!("call {}", printable(s)),
+        Target::Publish(s) => format!("publish {}", shortened(s, NAME_CHARS)),
+        Target::Call(s) => format!("call {}", shortened(s, NAME_CHARS)),
     }
 }
 
@@ -142,7 +146,7 @@ pub fn list_text(
         };
         lines.push([
             r.id.to_string(),
-            printable(&r.consumer),
+            shortened(&r.consumer, NAME_CHARS),
             shortened(&r.message_id, 40),
             r.call_index.to_string(),
             target_text(&r.target),
@@ -202,12 +206,14 @@ pub async fn retry_one(config: &Path, id: i64) -> anyhow::Result<()> {
 /// # Errors
 /// The statement fails.
 pub async fn retry_all(config: &Path, handler: &str) -> anyhow::Result<()> {
-    let (_, db) = super::open(config).await?;
+    let (cfg, db) = super::open(config).await?;
     let n = db.retry_outbox_parked(handler).await;
     db.close().await;
+    let n = n?;
+    unknown_without_rows(&cfg, config, handler, n)?;
     println!(
         "{} of handler {} due again",
-        count(n?, "parked outbox row", "parked outbox rows"),
+        count(n, "parked outbox row", "parked outbox rows"),
         printable(handler)
     );
     Ok(())
@@ -236,14 +242,32 @@ pub async fn drop_one(config: &Path, id: i64) -> anyhow::Result<()> {
 /// # Errors
 /// The statement fails.
 pub async fn drop_all(config: &Path, handler: &str) -> anyhow::Result<()> {
-    let (_, db) = super::open(config).await?;
+    let (cfg, db) = super::open(config).await?;
     let n = db.drop_outbox_rows(handler).await;
     db.close().await;
+    let n = n?;
+    unknown_without_rows(&cfg, config, handler, n)?;
     println!(
         "dropped {} of handler {}; they are not sent",
-        count(n?, "outbox row", "outbox rows"),
+        count(n, "outbox row", "outbox rows"),
         printable(handler)
     );
+    Ok(())
+}
+
+/// Rows of a handler the config does not run may still wait (it was
+/// renamed or removed): a command on them works; only when there were
+/// none is a name the config does not know an error (a typo, most
+/// likely).
+fn unknown_without_rows(
+    cfg: &crate::config::Config,
+    path: &Path,
+    handler: &str,
+    rows: u64,
+) -> anyhow::Result<()> {
+    if rows == 0 {
+        super::handler(cfg, path, &printable(handler))?;
+    }
     Ok(())
 }
 

@@ -19,15 +19,26 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// `Nats-*` headers (message id, expected stream or sequence, batch,
 /// TTL, rollup), and the relay sets the ones it needs itself.
 const RESERVED_PUBLISH_PREFIX: &str = "nats-";
+/// Header names a publish may not carry because NATS clients read them as
+/// the message's status (nats.go exposes a status line as `Status` and
+/// `Description` headers; a status of 100 is a heartbeat or flow control).
+const STATUS_HEADERS: [&str; 2] = ["status", "description"];
 /// Header names a guest may not set on a call: the relay sets the
-/// idempotency key, and the rest belong to HTTP framing.
-const RESERVED_CALL_HEADERS: [&str; 6] = [
-    "idempotency-key",
+/// idempotency key.
+const HOST_CALL_HEADERS: [&str; 1] = ["idempotency-key"];
+/// Header names of HTTP framing and hop-by-hop headers (RFC 9110 sections
+/// 7.2, 7.6.1, 8.6, 10.1.1), which only the HTTP client sets.
+const FRAMING_HEADERS: [&str; 10] = [
     "host",
     "content-length",
     "transfer-encoding",
     "connection",
     "upgrade",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "expect",
 ];
 
 /// Where an outbox entry goes.
@@ -125,8 +136,16 @@ impl OutboxCalls {
             )));
         }
         check_headers(&headers, |name| {
-            name.get(..RESERVED_PUBLISH_PREFIX.len())
+            if name
+                .get(..RESERVED_PUBLISH_PREFIX.len())
                 .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PUBLISH_PREFIX))
+            {
+                Some("is set by the host, not by a handler")
+            } else if STATUS_HEADERS.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                Some("is read by NATS clients as the message's status; use another name")
+            } else {
+                None
+            }
         })?;
         self.keep(Target::Publish(subject), payload, headers, key)
     }
@@ -151,9 +170,16 @@ impl OutboxCalls {
             )));
         }
         check_headers(&headers, |name| {
-            RESERVED_CALL_HEADERS
+            if HOST_CALL_HEADERS
                 .iter()
                 .any(|r| r.eq_ignore_ascii_case(name))
+            {
+                Some("is set by the host, not by a handler")
+            } else if FRAMING_HEADERS.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                Some("belongs to HTTP framing, which the host's HTTP client does")
+            } else {
+                None
+            }
         })?;
         self.keep(Target::Call(endpoint), body, headers, key)
     }
@@ -216,10 +242,10 @@ impl OutboxCalls {
 
 /// Checks header count, names (HTTP tokens, RFC 9110 section 5.6.2) and
 /// values (visible ASCII, space and tab: no line breaks that could start
-/// another header), and refuses names `reserved` says the host sets.
+/// another header), and refuses names `reserved` gives a reason for.
 fn check_headers(
     headers: &[(String, String)],
-    reserved: impl Fn(&str) -> bool,
+    reserved: impl Fn(&str) -> Option<&'static str>,
 ) -> Result<(), Refusal> {
     if headers.len() > MAX_HEADERS {
         return Err(Refusal::Invalid(format!(
@@ -238,10 +264,8 @@ fn check_headers(
                 "a header name is 1 to {MAX_HEADER_NAME_BYTES} token characters (RFC 9110)"
             )));
         }
-        if reserved(name) {
-            return Err(Refusal::Invalid(format!(
-                "header `{name}` is set by the host, not by a handler"
-            )));
+        if let Some(why) = reserved(name) {
+            return Err(Refusal::Invalid(format!("header `{name}` {why}")));
         }
         if value.len() > MAX_HEADER_VALUE_BYTES
             || value
@@ -320,6 +344,8 @@ mod tests {
         for (headers, why) in [
             (h(&[("Nats-Msg-Id", "x")]), "set by the host"),
             (h(&[("nats-expected-stream", "x")]), "set by the host"),
+            (h(&[("Status", "100")]), "as the message's status"),
+            (h(&[("description", "x")]), "as the message's status"),
             (h(&[("Bad Name", "x")]), "token"),
             (h(&[("X", "a\r\nNats-Msg-Id: y")]), "visible ASCII"),
         ] {
@@ -337,6 +363,19 @@ mod tests {
             Err(Refusal::Invalid(m)) => assert!(m.contains("set by the host"), "{m}"),
             other => panic!("{other:?}"),
         }
+        for name in ["Transfer-Encoding", "TE", "keep-alive", "Expect"] {
+            match c.call("notify".into(), vec![], h(&[(name, "x")]), None) {
+                Err(Refusal::Invalid(m)) => assert!(m.contains("HTTP framing"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A status header is a call's own business.
+        let mut other = calls(64, 1 << 20);
+        assert!(
+            other
+                .call("notify".into(), vec![], h(&[("Status", "ok")]), None)
+                .is_ok()
+        );
         assert!(matches!(
             c.call("http://127.0.0.1:8088/n".into(), vec![], vec![], None),
             Err(Refusal::NotGranted(_))

@@ -2,7 +2,8 @@
 //! (NATS wildcards, [`super::subject`]) and named `endpoints` (the guest
 //! names one, never a URL), and the per-message caps on calls and bytes.
 
-use super::subject;
+use super::{Target, subject};
+use crate::store::OutboxSummary;
 use std::collections::BTreeMap;
 
 /// The longest endpoint name, in bytes.
@@ -58,6 +59,11 @@ impl OutboxGrants {
         )
     }
 
+    /// The `publish` patterns, in config order.
+    pub fn publish(&self) -> &[String] {
+        &self.publish
+    }
+
     /// Whether the literal `subject` is granted.
     pub fn allows_subject(&self, subject: &str) -> bool {
         self.publish.iter().any(|p| subject::matches(p, subject))
@@ -68,10 +74,71 @@ impl OutboxGrants {
         self.endpoints.get(name)
     }
 
+    /// The grant `target` falls under, for a metric label: for a publish
+    /// the first `publish` pattern that matches it, for a call the
+    /// endpoint's name; `(ungranted)` for a row its config no longer
+    /// grants. The labels are bounded by the config, whatever subjects
+    /// guests choose within a wildcard grant.
+    pub fn grant_of(&self, target: &Target) -> Target {
+        const UNGRANTED: &str = "(ungranted)";
+        match target {
+            Target::Publish(s) => Target::Publish(
+                self.publish
+                    .iter()
+                    .find(|p| subject::matches(p, s))
+                    .map_or(UNGRANTED, String::as_str)
+                    .to_owned(),
+            ),
+            Target::Call(e) => Target::Call(if self.endpoints.contains_key(e) {
+                e.clone()
+            } else {
+                UNGRANTED.to_owned()
+            }),
+        }
+    }
+
     /// Whether anything is granted at all.
     pub fn is_empty(&self) -> bool {
         self.publish.is_empty() && self.endpoints.is_empty()
     }
+}
+
+/// `summary` (per handler and literal target) per handler and grant
+/// ([`OutboxGrants::grant_of`], with `grants` per handler; a handler this
+/// host does not run gets target `(not run here)`): counts added, the
+/// oldest kept.
+pub fn summary_by_grant(
+    summary: &[OutboxSummary],
+    grants: &std::collections::HashMap<String, std::sync::Arc<OutboxGrants>>,
+) -> Vec<OutboxSummary> {
+    let mut by: BTreeMap<(String, String, String), OutboxSummary> = BTreeMap::new();
+    for s in summary {
+        let target = match grants.get(&s.consumer) {
+            Some(g) => g.grant_of(&s.target),
+            None => match &s.target {
+                Target::Publish(_) => Target::Publish("(not run here)".into()),
+                Target::Call(_) => Target::Call("(not run here)".into()),
+            },
+        };
+        let key = match &target {
+            Target::Publish(t) => (s.consumer.clone(), "publish".to_owned(), t.clone()),
+            Target::Call(t) => (s.consumer.clone(), "call".to_owned(), t.clone()),
+        };
+        let entry = by.entry(key).or_insert_with(|| OutboxSummary {
+            consumer: s.consumer.clone(),
+            target,
+            pending: 0,
+            parked: 0,
+            oldest_ms: None,
+        });
+        entry.pending += s.pending;
+        entry.parked += s.parked;
+        entry.oldest_ms = match (entry.oldest_ms, s.oldest_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    by.into_values().collect()
 }
 
 /// The problems of a handler's outbox grants, one line each, for config
@@ -128,6 +195,47 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn gauges_count_per_grant_not_per_subject() {
+        let g = OutboxGrants::new(
+            &["audit.>".into(), "orders.accepted".into()],
+            &endpoints(&[("notify", "http://127.0.0.1:1/n")]),
+            16,
+            1024,
+        );
+        let grants: std::collections::HashMap<String, std::sync::Arc<OutboxGrants>> =
+            [("h".to_owned(), std::sync::Arc::new(g))].into();
+        let row = |consumer: &str, target: Target, pending, parked, oldest| OutboxSummary {
+            consumer: consumer.into(),
+            target,
+            pending,
+            parked,
+            oldest_ms: oldest,
+        };
+        let p = |s: &str| Target::Publish(s.into());
+        let c = |s: &str| Target::Call(s.into());
+        let summary = [
+            row("h", p("audit.a"), 2, 0, Some(50)),
+            row("h", p("audit.b.c"), 3, 0, Some(40)),
+            row("h", p("orders.accepted"), 1, 0, Some(90)),
+            row("h", p("gone.x"), 1, 0, Some(10)),
+            row("h", c("notify"), 0, 1, None),
+            row("h", c("old"), 1, 0, Some(70)),
+            row("other", p("x.y"), 4, 0, Some(5)),
+        ];
+        assert_eq!(
+            summary_by_grant(&summary, &grants),
+            vec![
+                row("h", c("(ungranted)"), 1, 0, Some(70)),
+                row("h", c("notify"), 0, 1, None),
+                row("h", p("(ungranted)"), 1, 0, Some(10)),
+                row("h", p("audit.>"), 5, 0, Some(40)),
+                row("h", p("orders.accepted"), 1, 0, Some(90)),
+                row("other", p("(not run here)"), 4, 0, Some(5)),
+            ]
+        );
     }
 
     #[test]

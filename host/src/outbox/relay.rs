@@ -26,6 +26,7 @@ use super::streams::StreamFactsCache;
 use crate::store::{Database, OutboxRow, PARKED};
 use async_nats::jetstream;
 use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use sha2::Digest as _;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +54,13 @@ pub const RESEND_HORIZON: Duration =
 pub const GAUGES_EVERY: Duration = Duration::from_secs(5);
 /// Deliveries one pass sends at once.
 pub const SENDS_IN_FLIGHT: usize = 16;
+/// When all of a pass's deliveries are started and none ended for this
+/// long, the pass leaves the rest in flight and ends, so the next pass
+/// claims what else is due.
+pub const SLOW_SEND: Duration = Duration::from_millis(200);
+/// Deliveries passes leave in flight at most; past it a pass waits for
+/// its slow deliveries as for the others.
+pub const MAX_SLOW: usize = 64;
 /// Deliveries (one handler's message's rows, at most its
 /// `max_outbox_calls`) one pass claims.
 pub const CLAIM: u32 = 64;
@@ -170,13 +178,27 @@ impl Relay {
         };
         let mut gauges = crate::metrics::OutboxGauges::default();
         let mut gauges_at = Instant::now();
+        let mut flight = Flight::default();
+        let publishers: Vec<(String, Vec<String>)> = self
+            .grants
+            .iter()
+            .map(|(h, g)| (h.clone(), g.publish().to_vec()))
+            .collect();
+        let mut recheck = super::window::Recheck::default();
+        let mut recheck_at = Instant::now();
         loop {
             if gauges_at.elapsed() >= GAUGES_EVERY {
                 self.set_gauges(&mut gauges).await;
                 gauges_at = Instant::now();
             }
+            if recheck_at.elapsed() >= super::window::RECHECK_EVERY {
+                recheck.run(&self.js, &publishers).await;
+                recheck_at = Instant::now();
+            }
             // The pass watches `stop` itself, so what it sent is recorded.
-            let claimed = self.pass(Some(&stop), Instant::now() + LEASE / 2).await;
+            let claimed = self
+                .pass(Some(&stop), Instant::now() + LEASE / 2, &mut flight)
+                .await;
             if stop.is_cancelled() {
                 break;
             }
@@ -189,8 +211,12 @@ impl Relay {
                 () = stop.cancelled() => break,
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(POLL) => {}
+                Some(()) = flight.slow.next(), if !flight.slow.is_empty() => {
+                    self.record(&mut flight, false).await;
+                }
             }
         }
+        self.end(flight).await;
         listening.cancel();
         let _ = listener.await;
         if self.claim_failing.load(Ordering::Relaxed) {
@@ -207,7 +233,11 @@ impl Relay {
             })
         };
         let last = async {
-            while !last_stop.is_cancelled() && self.pass(Some(&last_stop), until).await > 0 {}
+            let mut flight = Flight::default();
+            while !last_stop.is_cancelled()
+                && self.pass(Some(&last_stop), until, &mut flight).await > 0
+            {}
+            self.end(flight).await;
             self.db.outbox_depth().await
         };
         // Bounded as a whole: a database that does not answer keeps a
@@ -225,13 +255,23 @@ impl Relay {
         }
     }
 
-    /// One pass: claims the due rows and sends them, [`SENDS_IN_FLIGHT`]
-    /// at once, until `until` or `stop`; the rows it did not start are
-    /// given back, due at once, so a pass never holds rows past half
-    /// their lease plus one send (another host would claim them again and
-    /// send them twice). The sent rows are deleted together at the end.
-    /// How many it claimed.
-    pub async fn pass(&self, stop: Option<&CancellationToken>, until: Instant) -> usize {
+    /// One pass: claims the due deliveries and sends them,
+    /// [`SENDS_IN_FLIGHT`] at once, until `until` or `stop`; the rows it
+    /// did not start are given back, due at once, so a pass never holds
+    /// rows past half their lease plus one send (another host would claim
+    /// them again and send them twice). When all are started and none
+    /// ends for [`SLOW_SEND`], the pass leaves the deliveries still in
+    /// flight to `flight` (up to [`MAX_SLOW`]) and ends: one endpoint that
+    /// does not answer holds up no other target. What ended by then (of
+    /// this pass and of earlier slow ones) is recorded together at the
+    /// end, the sent rows deleted in one statement. How many rows it
+    /// claimed.
+    pub async fn pass<'a>(
+        &'a self,
+        stop: Option<&'a CancellationToken>,
+        until: Instant,
+        flight: &mut Flight<'a>,
+    ) -> usize {
         let now = now_ms();
         let lease = i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
         let claim = tokio::time::timeout(CLAIM_TIMEOUT, self.db.claim_outbox(now, lease, CLAIM));
@@ -254,73 +294,102 @@ impl Relay {
         };
         self.claim_failing.store(false, Ordering::Relaxed);
         let claimed = rows.len();
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let progress = Progress::default();
+        flight.claimed.extend(rows.iter().map(|r| r.id));
         // Up to SENDS_IN_FLIGHT deliveries at once; the rows of one
         // delivery one step after the other, so rows of one key (which a
         // claim takes only from one delivery) leave in call order.
-        let mut sends = futures::stream::iter(deliveries(rows))
-            .map(|rows| self.send_delivery(rows, stop, until, &progress))
-            .buffer_unordered(SENDS_IN_FLIGHT);
+        let mut queue: std::collections::VecDeque<Vec<OutboxRow>> = deliveries(rows).into();
+        let mut running: Running<'a> = FuturesUnordered::new();
+        let mut last_end = Instant::now();
         let stopped = loop {
-            let next = match stop {
-                Some(stop) => tokio::select! {
-                    () = stop.cancelled() => break true,
-                    next = sends.next() => next,
-                },
-                None => sends.next().await,
-            };
-            if next.is_none() {
+            while running.len() < SENDS_IN_FLIGHT
+                && let Some(rows) = queue.pop_front()
+            {
+                let progress = flight.progress.clone();
+                running.push(Box::pin(self.send_delivery(rows, stop, until, progress)));
+            }
+            if running.is_empty() {
                 break false;
             }
-        };
-        drop(sends);
-        let (outcomes, in_flight) = progress.take();
-        let record = async {
-            let mut sent = Vec::new();
-            let mut done = std::collections::HashSet::new();
-            for Outcome {
-                row,
-                result,
-                at,
-                due,
-            } in outcomes
-            {
-                done.insert(row.id);
-                match result {
-                    None => self.release(&row).await,
-                    Some(Ok(how)) => {
-                        crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
-                        crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
-                        sent.push(row.id);
-                    }
-                    Some(Err(e)) => self.record_failure(&row, &e, due).await,
-                }
-            }
-            if let Err(e) = self.db.outbox_sent(&sent).await {
-                tracing::warn!(error = %e, rows = sent.len(), "cannot delete sent outbox rows; they are sent again after their lease, with the same ids");
-            }
-            if stopped {
-                // Not started: another host may send them at once. A send
-                // that was in flight keeps its lease.
-                for id in ids
-                    .iter()
-                    .filter(|id| !done.contains(id) && !in_flight.contains(id))
-                {
-                    if let Err(e) = self.db.outbox_release(*id, now_ms()).await {
-                        tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
-                    }
+            let may_leave = queue.is_empty() && flight.slow.len() + running.len() <= MAX_SLOW;
+            tokio::select! {
+                () = cancelled(stop) => break true,
+                Some(()) = running.next() => last_end = Instant::now(),
+                Some(()) = flight.slow.next(), if !flight.slow.is_empty() => {}
+                () = tokio::time::sleep_until((last_end + SLOW_SEND).into()), if may_leave => {
+                    flight.slow.extend(std::mem::take(&mut running));
+                    break false;
                 }
             }
         };
-        // A stopping host does not wait long on a database that does not
-        // answer: what is not recorded is sent again after its lease.
+        drop(running);
         if stopped {
-            let _ = tokio::time::timeout(CLAIM_TIMEOUT, record).await;
+            // What was in flight keeps its lease; what was not started is
+            // given back (`end`).
+            flight.slow = FuturesUnordered::new();
+            // A stopping host does not wait long on a database that does
+            // not answer: what is not recorded is sent again after its
+            // lease.
+            let _ = tokio::time::timeout(CLAIM_TIMEOUT, self.record(flight, true)).await;
         } else {
-            record.await;
+            self.record(flight, false).await;
         }
         claimed
+    }
+
+    /// Ends `flight` at a stop: the slow deliveries are dropped (what they
+    /// had in flight keeps its lease), and what ended is recorded, what
+    /// was claimed and not started given back (bounded by
+    /// [`CLAIM_TIMEOUT`]).
+    async fn end(&self, mut flight: Flight<'_>) {
+        flight.slow = FuturesUnordered::new();
+        let _ = tokio::time::timeout(CLAIM_TIMEOUT, self.record(&mut flight, true)).await;
+    }
+
+    /// Records what ended in `flight`: sent rows deleted in one statement,
+    /// failed ones due again later (or parked), rows given back due at
+    /// once. With `stopped`, also gives back every claimed row whose send
+    /// has not begun.
+    async fn record(&self, flight: &mut Flight<'_>, stopped: bool) {
+        let (outcomes, started) = flight.progress.drain();
+        let mut sent = Vec::new();
+        for Outcome {
+            row,
+            result,
+            at,
+            due,
+        } in outcomes
+        {
+            flight.claimed.remove(&row.id);
+            match result {
+                None => self.release(&row).await,
+                Some(Ok(how)) => {
+                    crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
+                    crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
+                    sent.push(row.id);
+                }
+                Some(Err(e)) => self.record_failure(&row, &e, due).await,
+            }
+        }
+        if let Err(e) = self.db.outbox_sent(&sent).await {
+            tracing::warn!(error = %e, rows = sent.len(), "cannot delete sent outbox rows; they are sent again after their lease, with the same ids");
+        }
+        if stopped {
+            // Not started: another host may send them at once. A send
+            // that was in flight keeps its lease.
+            let unstarted: Vec<i64> = flight
+                .claimed
+                .iter()
+                .filter(|id| !started.contains(id))
+                .copied()
+                .collect();
+            flight.claimed.clear();
+            for id in unstarted {
+                if let Err(e) = self.db.outbox_release(id, now_ms()).await {
+                    tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
+                }
+            }
+        }
     }
 
     /// Sends one delivery's rows (in call order) as [`plan`] steps them,
@@ -333,7 +402,7 @@ impl Relay {
         rows: Vec<OutboxRow>,
         stop: Option<&CancellationToken>,
         until: Instant,
-        progress: &Progress,
+        progress: Arc<Progress>,
     ) {
         let over = || Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled);
         let mut streams = HashMap::new();
@@ -459,11 +528,14 @@ impl Relay {
         Some(now_ms().saturating_add(wait))
     }
 
-    /// Reads what waits per handler and target into the gauges (bounded
+    /// Reads what waits per handler and grant into the gauges (bounded
     /// like a claim; a failure leaves them as they were).
     async fn set_gauges(&self, gauges: &mut crate::metrics::OutboxGauges) {
         match tokio::time::timeout(CLAIM_TIMEOUT, self.db.outbox_summary()).await {
-            Ok(Ok(summary)) => gauges.set(&summary, now_ms()),
+            Ok(Ok(summary)) => gauges.set(
+                &super::grants::summary_by_grant(&summary, &self.grants),
+                now_ms(),
+            ),
             Ok(Err(e)) => tracing::debug!(error = %e, "cannot read the outbox's depth"),
             Err(_) => tracing::debug!("the database did not answer the outbox depth query"),
         }
@@ -558,7 +630,9 @@ impl Relay {
         let response = request
             .send()
             .await
-            .map_err(|e| format!("POST {endpoint}: {e}"))?;
+            // Without the URL: it may carry a credential (`?token=`), and
+            // the text reaches the log and `idem_outbox.last_error`.
+            .map_err(|e| format!("POST {endpoint}: {}", without_url(e)))?;
         let status = response.status();
         if status.is_success() {
             Ok(Sent::Sent)
@@ -570,6 +644,19 @@ impl Relay {
 
 fn now_ms() -> i64 {
     crate::store::now_ms()
+}
+
+/// `e` and its causes, one after the other, without the request's URL.
+fn without_url(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// What became of one claimed row in a pass.
@@ -606,8 +693,8 @@ impl Outcome {
     }
 }
 
-/// A pass's record, shared by its deliveries: the outcomes so far and
-/// the rows whose send began (a stop keeps the lease of those in
+/// The record deliveries in flight write to: the outcomes not recorded
+/// yet and the rows whose send began (a stop keeps the lease of those in
 /// flight).
 #[derive(Default)]
 struct Progress {
@@ -626,11 +713,47 @@ impl Progress {
             o.extend(outcomes);
         }
     }
-    fn take(self) -> (Vec<Outcome>, std::collections::HashSet<i64>) {
-        (
-            self.outcomes.into_inner().unwrap_or_default(),
-            self.started.into_inner().unwrap_or_default(),
-        )
+    /// The outcomes so far, taken (their rows no longer count as
+    /// started), and the rows started and not ended.
+    fn drain(&self) -> (Vec<Outcome>, std::collections::HashSet<i64>) {
+        let outcomes = self
+            .outcomes
+            .lock()
+            .map(|mut o| std::mem::take(&mut *o))
+            .unwrap_or_default();
+        let started = match self.started.lock() {
+            Ok(mut s) => {
+                for o in &outcomes {
+                    s.remove(&o.row.id);
+                }
+                s.clone()
+            }
+            Err(_) => std::collections::HashSet::new(),
+        };
+        (outcomes, started)
+    }
+}
+
+/// Deliveries being sent, each recording into a [`Progress`].
+type Running<'a> = FuturesUnordered<std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>>;
+
+/// What a relay has claimed and not recorded yet, across passes: the
+/// deliveries a pass left in flight ([`SLOW_SEND`]) and the record they
+/// all write to.
+#[derive(Default)]
+pub struct Flight<'a> {
+    progress: Arc<Progress>,
+    /// Rows claimed and not recorded.
+    claimed: std::collections::HashSet<i64>,
+    /// Deliveries a pass left in flight.
+    slow: Running<'a>,
+}
+
+/// Until `stop` (never without one).
+async fn cancelled(stop: Option<&CancellationToken>) {
+    match stop {
+        Some(stop) => stop.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -673,6 +796,21 @@ mod tests {
         assert_ne!(a, delivery_id("orders", "o-1", 1));
         assert_ne!(a, delivery_id("orders", "o-2", 0));
         assert_ne!(a, delivery_id("order", "so-1", 0), "fields are separated");
+    }
+
+    #[tokio::test]
+    async fn a_call_error_says_why_without_the_url() {
+        let e = reqwest::Client::new()
+            .post("http://127.0.0.1:1/notify?token=secret")
+            .send()
+            .await
+            .err()
+            .into_iter()
+            .map(without_url)
+            .next()
+            .unwrap_or_default();
+        assert!(!e.contains("secret") && !e.contains("127.0.0.1"), "{e}");
+        assert!(e.to_lowercase().contains("connect"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! between sending and deleting a row would store the message twice. A
 //! shorter window is refused like a retention longer than the stream's
 //! age. A granted subject no stream stores is said once (its rows wait,
-//! failing, until one does).
+//! failing, until one does). A running host checks again every
+//! [`RECHECK_EVERY`] and warns ([`Recheck`]).
 
 use super::relay::RESEND_HORIZON;
 use super::subject;
@@ -94,8 +95,38 @@ pub async fn check_streams(
     js: &jetstream::Context,
     handlers: &[HandlerConfig],
 ) -> anyhow::Result<()> {
-    if handlers.iter().all(|h| h.publish.is_empty()) {
-        return Ok(());
+    let publishers: Vec<(String, Vec<String>)> = handlers
+        .iter()
+        .map(|h| (h.name.clone(), h.publish.clone()))
+        .collect();
+    let mut problems = Vec::new();
+    for (handler, found) in findings(js, &publishers)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+    {
+        for grant in &found.unstored {
+            tracing::warn!(handler = %handler, subject = %grant, "no stream stores this granted subject: its outbox publishes wait and are tried again until one does (add it to a stream's subjects)");
+        }
+        problems.extend(found.problems);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{}", problems.join("\n"))
+    }
+}
+
+/// [`check`] for every `(handler, publish grants)` of `publishers` that
+/// may publish, against the broker's streams as they are now.
+///
+/// # Errors
+/// The streams cannot be listed.
+pub async fn findings(
+    js: &jetstream::Context,
+    publishers: &[(String, Vec<String>)],
+) -> Result<Vec<(String, WindowFindings)>, String> {
+    if publishers.iter().all(|(_, p)| p.is_empty()) {
+        return Ok(Vec::new());
     }
     let streams: Vec<StreamWindow> = js
         .streams()
@@ -108,20 +139,64 @@ pub async fn check_streams(
         .try_collect()
         .await
         .map_err(|e| {
-            anyhow::anyhow!("cannot list the broker's streams to check the outbox's targets: {e}")
+            format!("cannot list the broker's streams to check the outbox's targets: {e}")
         })?;
-    let mut problems = Vec::new();
-    for h in handlers {
-        let found = check(&h.name, &h.publish, &streams);
-        for grant in &found.unstored {
-            tracing::warn!(handler = %h.name, subject = %grant, "no stream stores this granted subject: its outbox publishes wait and are tried again until one does (add it to a stream's subjects)");
+    Ok(publishers
+        .iter()
+        .filter(|(_, p)| !p.is_empty())
+        .map(|(h, p)| (h.clone(), check(h, p, &streams)))
+        .collect())
+}
+
+/// The same check while a host runs ([`RECHECK_EVERY`]): a stream changed
+/// after the start (its `duplicate_window` shortened, `no_ack` turned on,
+/// a granted subject no longer stored) is warned about once, and again
+/// if it comes back after being put right; the host goes on (its relay
+/// keeps sending).
+#[derive(Default)]
+pub struct Recheck {
+    said: std::collections::HashSet<String>,
+}
+
+/// How often a running host checks the outbox's target streams again.
+pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
+
+impl Recheck {
+    /// Checks `publishers` against the streams now and warns what is new.
+    pub async fn run(&mut self, js: &jetstream::Context, publishers: &[(String, Vec<String>)]) {
+        let found =
+            tokio::time::timeout(super::relay::SEND_TIMEOUT, findings(js, publishers)).await;
+        let Ok(Ok(found)) = found else {
+            // The broker is away: the relay's sends say so.
+            return;
+        };
+        for (handler, line) in self.fresh(found) {
+            tracing::warn!(handler = %handler, "{line}");
         }
-        problems.extend(found.problems);
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        anyhow::bail!("{}", problems.join("\n"))
+
+    /// The lines of `found` not said at the last check, with their
+    /// handler; what is no longer found is forgotten.
+    fn fresh(&mut self, found: Vec<(String, WindowFindings)>) -> Vec<(String, String)> {
+        let mut now = std::collections::HashSet::new();
+        let mut fresh = Vec::new();
+        for (handler, f) in found {
+            let lines = f
+                .problems
+                .into_iter()
+                .map(|p| format!("{p}; a host starting now would refuse this config"))
+                .chain(f.unstored.into_iter().map(|grant| {
+                    format!("no stream stores the granted subject {grant:?} any more: its outbox publishes wait and are tried again until one does")
+                }));
+            for line in lines {
+                if !self.said.contains(&line) {
+                    fresh.push((handler.clone(), line.clone()));
+                }
+                now.insert(line);
+            }
+        }
+        self.said = now;
+        fresh
     }
 }
 
@@ -169,6 +244,31 @@ mod tests {
         assert_eq!(found.problems.len(), 1, "{:?}", found.problems);
         assert!(found.problems[0].contains("stream `AUDIT`"));
         assert!(found.problems[0].contains("--dupe-window 41s"));
+    }
+
+    #[test]
+    fn a_running_host_says_a_new_problem_once_and_again_after_it_was_put_right() {
+        let short = [stream("AUDIT", &["audit.>"], 10)];
+        let fine = [stream("AUDIT", &["audit.>"], 120)];
+        let publish = vec!["audit.x".to_string()];
+        let mut r = Recheck::default();
+        let at = |streams: &[StreamWindow]| vec![("h".to_string(), check("h", &publish, streams))];
+        let first = r.fresh(at(&short));
+        assert_eq!(first.len(), 1);
+        assert!(
+            first[0].1.contains("stream `AUDIT`")
+                && first[0].1.ends_with("would refuse this config")
+        );
+        assert_eq!(r.fresh(at(&short)), vec![]);
+        assert_eq!(r.fresh(at(&fine)), vec![]);
+        assert_eq!(r.fresh(at(&short)), first);
+        let gone = r.fresh(at(&[]));
+        assert_eq!(gone.len(), 1);
+        assert!(
+            gone[0]
+                .1
+                .starts_with("no stream stores the granted subject \"audit.x\" any more")
+        );
     }
 
     #[test]
