@@ -3,7 +3,8 @@
 //! workspace, cargo's target directory and the built guests are, the
 //! PostgreSQL URL the tests use, unique names, a private `nats-server` per
 //! test or bench, running a CLI binary built beside the tests, an HTTP
-//! receiver on loopback for the outbox's calls, and a run directory kept
+//! receiver on loopback for the outbox's calls, a private nats-server
+//! cluster, and a run directory kept
 //! when a test fails.
 //!
 //! Environment: `CARGO_TARGET_DIR` (as `scripts/build-guests.sh` reads it),
@@ -17,12 +18,14 @@
 mod cli;
 mod http;
 mod nats;
+mod nats_cluster;
 mod pg;
 mod run_dir;
 
 pub use cli::{binary_beside_tests, run_cli};
 pub use http::{HttpReceiver, Policy, Request};
 pub use nats::{Nats, free_port, nats_server_bin};
+pub use nats_cluster::NatsCluster;
 pub use pg::{PG_URL_DEFAULT, pg_url, pg_url_as, pg_url_in_schema, pg_url_with_database};
 pub use run_dir::RunDir;
 

@@ -39,10 +39,20 @@ impl HandlerSpec {
 
 /// Writes an idem.toml into `dir` and returns its path.
 pub fn write_config(dir: &Path, nats: &Nats, db: &TestDb, handlers: &[HandlerSpec]) -> PathBuf {
+    write_config_for(dir, &nats.url(), db, handlers)
+}
+
+/// [`write_config`] for the broker at `broker_url` (one URL, or several
+/// comma-separated: a cluster).
+pub fn write_config_for(
+    dir: &Path,
+    broker_url: &str,
+    db: &TestDb,
+    handlers: &[HandlerSpec],
+) -> PathBuf {
     let mut s = format!(
         "[broker]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nmax_connections = 4\n",
-        nats.url(),
-        db.url
+        broker_url, db.url
     );
     let migrations = root().join("examples/credit/migrations");
     for h in handlers {

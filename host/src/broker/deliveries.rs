@@ -39,6 +39,8 @@ pub struct Deliveries {
     max_ack_pending: i64,
     /// Since when the consumer could not be created again (broker connected).
     lost_since: Option<tokio::time::Instant>,
+    /// JetStream's silence about the consumer was logged (until it answers).
+    unanswered_said: bool,
     /// When the consumer's stream was created (see [`super::EnsuredConsumer`]).
     stream_created: time::OffsetDateTime,
     /// The consumer's ack floor (stream sequence) as last read, at most
@@ -81,6 +83,7 @@ impl Deliveries {
             handler: handler.clone(),
             max_ack_pending,
             lost_since: None,
+            unanswered_said: false,
             failed: None,
         }
     }
@@ -144,9 +147,11 @@ impl Deliveries {
 
     /// Makes sure the consumer (and its stream) still exist, creating them
     /// again when they were deleted on the broker ([`Deliveries::resume_policy`]
-    /// says from where). A failure while the broker connection is down is an
-    /// outage (the client reconnects); one while it is up is logged once, and
-    /// after [`CONSUMER_LOST_GRACE`] is [`ConsumerLost`].
+    /// says from where). A failure while the broker connection is down, or
+    /// a request JetStream did not answer ([`super::unanswered`]: a cluster
+    /// electing a leader), is an outage, tried again; a refusal while it is
+    /// up is logged once, and after [`CONSUMER_LOST_GRACE`] is
+    /// [`ConsumerLost`].
     async fn restore(&mut self) -> Result<(), ConsumerLost> {
         let ensured = match self.resume_policy().await {
             Ok(policy) => {
@@ -170,7 +175,7 @@ impl Deliveries {
                     }
                     self.stream = None;
                 }
-                if self.lost_since.take().is_some() {
+                if self.lost_since.take().is_some() || std::mem::take(&mut self.unanswered_said) {
                     tracing::info!(handler = %self.handler.name, "durable consumer back");
                 }
                 self.ack_floor = consumer.cached_info().ack_floor.stream_sequence;
@@ -183,6 +188,16 @@ impl Deliveries {
                 let connected =
                     self.js.client().connection_state() == async_nats::connection::State::Connected;
                 if !connected {
+                    return Ok(());
+                }
+                // A request JetStream did not answer (a cluster electing a
+                // leader, a node away) says nothing of the consumer: an
+                // outage, tried again, never counted as the consumer lost.
+                if super::unanswered::unanswered(&e) {
+                    if !self.unanswered_said {
+                        self.unanswered_said = true;
+                        tracing::warn!(handler = %self.handler.name, error = %format!("{e:#}"), "JetStream does not answer about the durable consumer (a leader election, or a server away); trying again");
+                    }
                     return Ok(());
                 }
                 let since = *self.lost_since.get_or_insert_with(|| {

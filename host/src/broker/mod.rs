@@ -30,6 +30,7 @@ mod connect;
 mod deliveries;
 pub mod drift;
 mod pull_stream;
+pub mod unanswered;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
 pub use pull_stream::{PullError, PullSettings, PullStream};
@@ -94,6 +95,7 @@ pub async fn ensure_consumer_from(
             name: handler.stream.clone(),
             subjects: handler.subjects.clone(),
             max_age: handler.retention,
+            num_replicas: handler.stream_replicas,
             // What another handler's outbox publishes here in one
             // delivery is stored together (JetStream atomic batch).
             allow_atomic_publish: true,

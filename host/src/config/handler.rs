@@ -26,6 +26,12 @@ pub struct HandlerConfig {
     /// Subjects the stream captures (used only when idem creates the stream)
     /// and that this consumer filters on.
     pub subjects: Vec<String>,
+    /// Replicas of the stream when idem creates it (`num_replicas`: 1, or
+    /// 3 or 5 on a JetStream cluster, where the stream survives the loss
+    /// of a minority of its servers); an existing stream keeps its own.
+    /// The durable consumer inherits the stream's. Default 1.
+    #[serde(default = "default_stream_replicas")]
+    pub stream_replicas: usize,
     /// Where the message identity comes from: `header:NAME` or `json:/pointer`.
     #[serde(default = "default_identity", serialize_with = "display")]
     pub identity: IdentityRule,
@@ -192,6 +198,9 @@ fn default_max_param_kib() -> usize {
 }
 fn default_max_log_kib() -> usize {
     64
+}
+fn default_stream_replicas() -> usize {
+    1
 }
 fn default_max_outbox_calls() -> u32 {
     16

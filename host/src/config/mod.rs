@@ -419,6 +419,13 @@ impl Config {
                     h.name
                 ));
             }
+            // JetStream's limit (nats-server `StreamMaxReplicas`).
+            if !(1..=5).contains(&h.stream_replicas) {
+                problems.push(format!(
+                    "handler `{}`: stream_replicas must be between 1 and 5 (JetStream keeps at most 5 replicas; 3 survives the loss of one server)",
+                    h.name
+                ));
+            }
             if h.retention.is_zero() {
                 problems.push(format!(
                     "handler `{}`: retention must be more than 0s",
@@ -503,6 +510,24 @@ ack_wait = "10s"
             err,
             "handler `credit-projector`: concurrency must be between 1 and 256"
         );
+    }
+
+    #[test]
+    fn stream_replicas_default_to_one_and_stay_within_jetstreams_five() {
+        assert_eq!(parse(OK).unwrap().handlers[0].stream_replicas, 1);
+        assert_eq!(
+            parse(&format!("{OK}stream_replicas = 3\n"))
+                .unwrap()
+                .handlers[0]
+                .stream_replicas,
+            3
+        );
+        for n in [0, 6] {
+            assert_eq!(
+                parse(&format!("{OK}stream_replicas = {n}\n")).unwrap_err(),
+                "handler `credit-projector`: stream_replicas must be between 1 and 5 (JetStream keeps at most 5 replicas; 3 survives the loss of one server)"
+            );
+        }
     }
 
     #[test]
