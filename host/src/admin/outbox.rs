@@ -44,7 +44,7 @@ pub async fn list(config: &Path, handler: Option<&str>, limit: u32) -> anyhow::R
 /// pending rows), names escaped.
 pub fn summary_text(summary: &[OutboxSummary], now_ms: i64) -> String {
     let mut out = String::new();
-    for s in summary {
+    for s in summary.iter().take(SUMMARY_LINES) {
         let age = s.oldest_ms.map_or(String::new(), |t| {
             let secs = now_ms.saturating_sub(t).max(0) / 1000;
             format!(", oldest {secs}s old")
@@ -58,11 +58,22 @@ pub fn summary_text(summary: &[OutboxSummary], now_ms: i64) -> String {
             s.parked
         );
     }
+    if summary.len() > SUMMARY_LINES {
+        let _ = writeln!(
+            out,
+            "… and {} more targets (--handler shows one handler's)",
+            summary.len() - SUMMARY_LINES
+        );
+    }
     out
 }
 
+/// Per-target lines [`summary_text`] prints at most.
+const SUMMARY_LINES: usize = 50;
+
 /// What `idem status` says of the outbox of the database `config` names:
-/// `outbox: empty`, or `outbox:` and the [`summary_text`] lines indented;
+/// `outbox: empty`, or `outbox:` and the [`summary_text`] lines indented,
+/// per handler and grant (`outbox::grants::summary_by_grant`);
 /// one line saying why when the database does not answer within `bound`
 /// (the status of the hosts is still worth printing).
 pub async fn status_text(config: &crate::config::Config, bound: std::time::Duration) -> String {
@@ -77,6 +88,17 @@ pub async fn status_text(config: &crate::config::Config, bound: std::time::Durat
     match tokio::time::timeout(bound, read).await {
         Ok(Ok(summary)) if summary.is_empty() => "outbox: empty\n".to_string(),
         Ok(Ok(summary)) => {
+            // Per grant, as the gauges: a wildcard grant is one line
+            // whatever subjects its rows carry.
+            let grants: std::collections::HashMap<_, _> = config
+                .handlers
+                .iter()
+                .map(|h| {
+                    let g = crate::outbox::OutboxGrants::of_handler(h);
+                    (h.name.clone(), std::sync::Arc::new(g))
+                })
+                .collect();
+            let summary = crate::outbox::grants::summary_by_grant(&summary, &grants);
             let lines = summary_text(&summary, crate::store::now_ms());
             let mut out = "outbox:\n".to_string();
             for line in lines.lines() {

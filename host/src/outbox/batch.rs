@@ -151,7 +151,8 @@ pub enum BatchSent {
     /// Refused as a whole for a reason publishing the rows one by one
     /// does not have: it holds a message stored before (error 10201), the
     /// stream does not allow atomic publish (any more, 10174), or the
-    /// batch is larger than the server allows (10199).
+    /// batch is larger than the server allows (10199); or a message of it
+    /// was stored alone (acknowledged before the commit).
     OneByOne(String),
 }
 
@@ -200,14 +201,17 @@ pub async fn publish_batch(
                     "the stream for {subject} answered a batch's commit without an acknowledgement"
                 ));
             }
-            Answer::Ack => {
-                if n + 1 < last {
-                    return Err(format!(
-                        "the stream for {subject} acknowledged a batch before its commit; is `allow_atomic` set?"
-                    ));
-                }
-                return Ok(BatchSent::Stored);
+            // Acknowledged before the commit: the stream stored this one
+            // message alone (it takes no batches, whatever it said
+            // before), so the rest goes one by one, where this one is a
+            // duplicate.
+            Answer::Ack if n + 1 < last => {
+                return Ok(BatchSent::OneByOne(format!(
+                    "the stream for {subject} acknowledged a batch's message {} alone",
+                    n + 1
+                )));
             }
+            Answer::Ack => return Ok(BatchSent::Stored),
             Answer::Error(DUPLICATE_IN_BATCH | ATOMIC_DISABLED | BATCH_TOO_LARGE, text) => {
                 return Ok(BatchSent::OneByOne(text));
             }
@@ -288,6 +292,7 @@ mod tests {
             key: key.map(str::to_owned),
             attempts: 1,
             created_ms: 0,
+            lease_ms: 0,
         }
     }
     fn publish(subject: &str, key: Option<&str>) -> OutboxRow {

@@ -184,16 +184,24 @@ impl Relay {
             .iter()
             .map(|(h, g)| (h.clone(), g.publish().to_vec()))
             .collect();
-        let mut recheck = super::window::Recheck::default();
-        let mut recheck_at = Instant::now();
+        // Its own task: a broker slow to list its streams holds up no send.
+        let rechecking = {
+            let (js, stop) = (self.js.clone(), listening.clone());
+            tokio::spawn(async move {
+                let mut recheck = super::window::Recheck::default();
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(super::window::RECHECK_EVERY) => {}
+                    }
+                    recheck.run(&js, &publishers).await;
+                }
+            })
+        };
         loop {
             if gauges_at.elapsed() >= GAUGES_EVERY {
                 self.set_gauges(&mut gauges).await;
                 gauges_at = Instant::now();
-            }
-            if recheck_at.elapsed() >= super::window::RECHECK_EVERY {
-                recheck.run(&self.js, &publishers).await;
-                recheck_at = Instant::now();
             }
             // The pass watches `stop` itself, so what it sent is recorded.
             let claimed = self
@@ -219,6 +227,7 @@ impl Relay {
         self.end(flight).await;
         listening.cancel();
         let _ = listener.await;
+        let _ = rechecking.await;
         if self.claim_failing.load(Ordering::Relaxed) {
             return;
         }
@@ -294,7 +303,9 @@ impl Relay {
         };
         self.claim_failing.store(false, Ordering::Relaxed);
         let claimed = rows.len();
-        flight.claimed.extend(rows.iter().map(|r| r.id));
+        flight
+            .claimed
+            .extend(rows.iter().map(|r| (r.id, r.lease_ms)));
         // Up to SENDS_IN_FLIGHT deliveries at once; the rows of one
         // delivery one step after the other, so rows of one key (which a
         // claim takes only from one delivery) leave in call order.
@@ -352,6 +363,11 @@ impl Relay {
     /// has not begun.
     async fn record(&self, flight: &mut Flight<'_>, stopped: bool) {
         let (outcomes, started) = flight.progress.drain();
+        // Taken out first: a record cut short (a stop's bound) leaves these
+        // leased, not given back as if never started.
+        for o in &outcomes {
+            flight.claimed.remove(&o.row.id);
+        }
         let mut sent = Vec::new();
         for Outcome {
             row,
@@ -360,7 +376,6 @@ impl Relay {
             due,
         } in outcomes
         {
-            flight.claimed.remove(&row.id);
             match result {
                 None => self.release(&row).await,
                 Some(Ok(how)) => {
@@ -377,15 +392,15 @@ impl Relay {
         if stopped {
             // Not started: another host may send them at once. A send
             // that was in flight keeps its lease.
-            let unstarted: Vec<i64> = flight
+            let unstarted: Vec<(i64, i64)> = flight
                 .claimed
                 .iter()
-                .filter(|id| !started.contains(id))
-                .copied()
+                .filter(|(id, _)| !started.contains(id))
+                .map(|(id, lease)| (*id, *lease))
                 .collect();
             flight.claimed.clear();
-            for id in unstarted {
-                if let Err(e) = self.db.outbox_release(id, now_ms()).await {
+            for (id, lease) in unstarted {
+                if let Err(e) = self.db.outbox_release(id, now_ms(), lease).await {
                     tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
                 }
             }
@@ -433,13 +448,23 @@ impl Relay {
         }
         let steps = plan(&rows, &streams);
         let mut slots: Vec<Option<OutboxRow>> = rows.into_iter().map(Some).collect();
+        // Each step's rows, with the stream when they go as one batch.
+        let mut todo: std::collections::VecDeque<(Option<String>, Vec<OutboxRow>)> = steps
+            .into_iter()
+            .map(|step| {
+                let taken: Vec<OutboxRow> = step
+                    .rows()
+                    .iter()
+                    .filter_map(|i| slots.get_mut(*i)?.take())
+                    .collect();
+                match step {
+                    Step::One(_) => (None, taken),
+                    Step::Batch(stream, _) => (Some(stream), taken),
+                }
+            })
+            .collect();
         let mut failed_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
-        for step in steps {
-            let taken: Vec<OutboxRow> = step
-                .rows()
-                .iter()
-                .filter_map(|i| slots.get_mut(*i)?.take())
-                .collect();
+        while let Some((batch, taken)) = todo.pop_front() {
             let held = taken
                 .iter()
                 .any(|r| r.key.as_ref().is_some_and(|k| failed_keys.contains(k)));
@@ -448,8 +473,8 @@ impl Relay {
                 continue;
             }
             progress.start(&taken);
-            let outcomes = match step {
-                Step::One(_) => {
+            let outcomes = match batch {
+                None => {
                     let mut one = Vec::new();
                     for row in taken {
                         let result = self.send(&row).await;
@@ -457,7 +482,18 @@ impl Relay {
                     }
                     one
                 }
-                Step::Batch(stream, _) => self.send_batch(&stream, taken).await,
+                Some(stream) => match self.send_batch(&stream, taken).await {
+                    Ok(outcomes) => outcomes,
+                    Err(rows) => {
+                        // One by one, each a step of its own: a row after
+                        // a failed one of its key waits, and none starts
+                        // past `until`.
+                        for row in rows.into_iter().rev() {
+                            todo.push_front((None, vec![row]));
+                        }
+                        continue;
+                    }
+                },
             };
             for o in &outcomes {
                 match &o.result {
@@ -476,10 +512,14 @@ impl Relay {
 
     /// Sends `rows`, publishes to `stream`, as one atomic batch; when the
     /// stream refuses the batch as a whole for a reason single publishes
-    /// do not have ([`BatchSent::OneByOne`]), one by one. A batch that
-    /// fails makes all its rows due again at the same time, so the next
-    /// claim takes them together.
-    async fn send_batch(&self, stream: &str, rows: Vec<OutboxRow>) -> Vec<Outcome> {
+    /// do not have ([`BatchSent::OneByOne`]), gives the rows back to be
+    /// published one by one (`Err`). A batch that fails makes all its rows
+    /// due again at the same time, so the next claim takes them together.
+    async fn send_batch(
+        &self,
+        stream: &str,
+        rows: Vec<OutboxRow>,
+    ) -> Result<Vec<Outcome>, Vec<OutboxRow>> {
         let ids: Vec<String> = rows
             .iter()
             .map(|r| delivery_id(&r.consumer, &r.message_id, r.call_index))
@@ -493,10 +533,10 @@ impl Relay {
                 ))
             });
         match sent {
-            Ok(BatchSent::Stored) => rows
+            Ok(BatchSent::Stored) => Ok(rows
                 .into_iter()
                 .map(|row| Outcome::of(row, Ok(Sent::Sent), None))
-                .collect(),
+                .collect()),
             Ok(BatchSent::OneByOne(why)) => {
                 tracing::debug!(stream, reason = %why, rows = rows.len(), "stream refused an outbox batch as a whole; publishing its rows one by one");
                 for row in &rows {
@@ -504,18 +544,14 @@ impl Relay {
                         self.streams.forget(s);
                     }
                 }
-                let mut outcomes = Vec::new();
-                for row in rows {
-                    let result = self.send(&row).await;
-                    outcomes.push(Outcome::of(row, result, None));
-                }
-                outcomes
+                Err(rows)
             }
             Err(e) => {
                 let due = self.due_together(rows.iter());
-                rows.into_iter()
+                Ok(rows
+                    .into_iter()
                     .map(|row| Outcome::failed(row, &e, due))
-                    .collect()
+                    .collect())
             }
         }
     }
@@ -543,7 +579,7 @@ impl Relay {
 
     /// Gives `row` back unsent.
     async fn release(&self, row: &OutboxRow) {
-        if let Err(e) = self.db.outbox_release(row.id, now_ms()).await {
+        if let Err(e) = self.db.outbox_release(row.id, now_ms(), row.lease_ms).await {
             tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
         }
     }
@@ -571,7 +607,7 @@ impl Relay {
                 now_ms().saturating_add(wait)
             })
         };
-        if let Err(err) = self.db.outbox_failed(row.id, due, e).await {
+        if let Err(err) = self.db.outbox_failed(row.id, due, e, row.lease_ms).await {
             tracing::warn!(error = %err, "cannot record a failed outbox send; the row is tried again after its lease");
         }
     }
@@ -743,8 +779,8 @@ type Running<'a> = FuturesUnordered<std::pin::Pin<Box<dyn Future<Output = ()> + 
 #[derive(Default)]
 pub struct Flight<'a> {
     progress: Arc<Progress>,
-    /// Rows claimed and not recorded.
-    claimed: std::collections::HashSet<i64>,
+    /// Rows claimed and not recorded, with their lease.
+    claimed: HashMap<i64, i64>,
     /// Deliveries a pass left in flight.
     slow: Running<'a>,
 }

@@ -71,20 +71,22 @@ macro_rules! key_free {
 }
 
 /// The deliveries (one handler's message's rows) with a row due at `$1`
-/// (Unix ms) that its key lets go, the `$3` oldest.
+/// (Unix ms) that its key lets go, the oldest, as many as the placeholder
+/// `$limit` says.
 macro_rules! due_deliveries {
-    () => {
+    ($limit:literal) => {
         concat!(
             "SELECT o.consumer, o.message_id, min(o.id) AS first FROM idem_outbox o
              WHERE o.due_ms <= $1 AND ",
             key_free!("o"),
-            " GROUP BY o.consumer, o.message_id ORDER BY first LIMIT $3"
+            " GROUP BY o.consumer, o.message_id ORDER BY first LIMIT ",
+            $limit
         )
     };
 }
 
-/// Claims, of the deliveries in CTE `mine`, every row due at `$1` that its
-/// key lets go, until `$2` (the lease); what it claimed.
+/// SQLite: claims, of the deliveries in CTE `mine`, every row due at `$1`
+/// that its key lets go, until `$2` (the lease); what it claimed.
 macro_rules! claim_rows {
     () => {
         concat!(
@@ -99,26 +101,42 @@ macro_rules! claim_rows {
     };
 }
 
-/// PostgreSQL: claims whole deliveries, so one delivery's publishes can
-/// leave as one batch. A delivery is taken by one claim at a time: each
-/// claim holds a transaction-scoped advisory lock on the pair of keys
-/// `1768187246` and the hash of consumer and message id, and skips a
-/// delivery whose lock another claim holds. A claim that takes the lock
-/// after the other committed finds the rows leased: PostgreSQL checks
-/// `due_ms` again on the row version it updates (READ COMMITTED,
-/// <https://www.postgresql.org/docs/current/transaction-iso.html>).
-const CLAIM_POSTGRES: &str = concat!(
+/// PostgreSQL, the first statement of a claim's transaction: takes the
+/// transaction-scoped advisory lock on the pair of keys `1768187246` and
+/// the hash of consumer and message id of each of the oldest due
+/// deliveries (`$2` of them at most) whose lock no other claim holds, so one delivery is taken
+/// by one claim at a time (a hash two deliveries share is one lock for
+/// both). How many it locked.
+const LOCK_DELIVERIES_POSTGRES: &str = concat!(
     "WITH due AS MATERIALIZED (",
-    due_deliveries!(),
-    "), mine AS MATERIALIZED (
-         SELECT consumer, message_id FROM due
-         WHERE pg_try_advisory_xact_lock(1768187246, hashtext(consumer || ' ' || message_id)))",
-    claim_rows!()
+    due_deliveries!("$2"),
+    ") SELECT count(*) FROM due
+       WHERE pg_try_advisory_xact_lock(1768187246, hashtext(consumer || ' ' || message_id))"
+);
+/// PostgreSQL, the second statement: claims the due rows of the
+/// deliveries whose lock this transaction holds (`pg_locks`: the first key
+/// in `classid`, the second in `objid`, `objsubid` 2;
+/// <https://www.postgresql.org/docs/current/view-pg-locks.html>). Its own
+/// statement, so under READ COMMITTED it reads the table as of after the
+/// locks were taken: a claim that held one of these deliveries has
+/// committed, and the ordering-key rule sees its leases.
+const CLAIM_LOCKED_POSTGRES: &str = concat!(
+    "WITH mine AS MATERIALIZED (
+         SELECT objid::bigint AS k FROM pg_locks
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+           AND classid = 1768187246 AND objsubid = 2)
+     UPDATE idem_outbox SET due_ms = $2, attempts = attempts + 1
+     WHERE due_ms <= $1
+       AND (hashtext(consumer || ' ' || message_id)::bigint & 4294967295) IN (SELECT k FROM mine)
+       AND ",
+    key_free!("idem_outbox"),
+    " RETURNING ",
+    claimed_columns!()
 );
 /// SQLite has one writer: the claim holds the write lock.
 const CLAIM_SQLITE: &str = concat!(
     "WITH mine AS MATERIALIZED (",
-    due_deliveries!(),
+    due_deliveries!("$3"),
     ")",
     claim_rows!()
 );
@@ -126,14 +144,19 @@ const CLAIM_SQLITE: &str = concat!(
 /// The `due_ms` of a parked row: never due again (kept for an operator).
 pub const PARKED: i64 = i64::MAX;
 
-/// Gives a claimed row back unsent: due at `$2`, its claim not counted.
-const RELEASE: &str = "UPDATE idem_outbox SET due_ms = $2, attempts = attempts - 1 WHERE id = $1";
+/// Gives a claimed row back unsent: due at `$2`, its claim not counted;
+/// only while its lease is still `$3` (this claim's: a row whose lease ran
+/// out and that another host claimed again is that host's).
+const RELEASE: &str =
+    "UPDATE idem_outbox SET due_ms = $2, attempts = attempts - 1 WHERE id = $1 AND due_ms = $3";
 
 /// Deletes sent rows: followed by the list of their ids' placeholders
 /// (`($1, $2, …)`; nothing else is ever appended).
 const SENT: &str = "DELETE FROM idem_outbox WHERE id IN";
-/// A failed send: due again at `$2`, with the error `$3`.
-const FAILED: &str = "UPDATE idem_outbox SET due_ms = $2, last_error = $3 WHERE id = $1";
+/// A failed send: due again at `$2`, with the error `$3`; only while its
+/// lease is still `$4` (as [`RELEASE`]).
+const FAILED: &str =
+    "UPDATE idem_outbox SET due_ms = $2, last_error = $3 WHERE id = $1 AND due_ms = $4";
 /// Rows not sent yet, and the oldest one's id.
 const DEPTH: &str = "SELECT count(*), min(id) FROM idem_outbox";
 
@@ -161,6 +184,9 @@ pub struct OutboxRow {
     /// When it was stored (Unix ms, the storing host's clock; 0 when
     /// not known).
     pub created_ms: i64,
+    /// Until when the claim that returned it holds it (Unix ms): its
+    /// `due_ms` while the claim is this host's.
+    pub lease_ms: i64,
 }
 
 impl Tx {
@@ -241,20 +267,47 @@ impl Database {
         lease_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        let rows = dispatch!(&self.0, b => {
-            let sql = match b.kind() {
-                DbKind::Postgres => CLAIM_POSTGRES,
-                DbKind::Sqlite => CLAIM_SQLITE,
-            };
-            let params = [
-                Param::Int(now_ms),
-                Param::Int(now_ms.saturating_add(lease_ms)),
-                Param::Int(i64::from(limit)),
-            ];
-            let rows = b.fetch_all(sql.into_sql_str(), &params).await?;
-            rows.iter().map(decode).collect::<Result<Vec<_>, sqlx::Error>>()
-        })?;
-        Ok(rows)
+        let lease = now_ms.saturating_add(lease_ms);
+        let rows = match self.postgres_pool() {
+            Some(pool) => {
+                let mut tx = pool.begin().await?;
+                let locked: i64 = sqlx::query_scalar(LOCK_DELIVERIES_POSTGRES)
+                    .bind(now_ms)
+                    .bind(i64::from(limit))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let rows = if locked > 0 {
+                    let rows = sqlx::query(CLAIM_LOCKED_POSTGRES)
+                        .bind(now_ms)
+                        .bind(lease)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    rows.iter()
+                        .map(decode)
+                        .collect::<Result<Vec<_>, sqlx::Error>>()?
+                } else {
+                    Vec::new()
+                };
+                tx.commit().await?;
+                rows
+            }
+            None => dispatch!(&self.0, b => {
+                let params = [
+                    Param::Int(now_ms),
+                    Param::Int(lease),
+                    Param::Int(i64::from(limit)),
+                ];
+                let rows = b.fetch_all(CLAIM_SQLITE.into_sql_str(), &params).await?;
+                rows.iter().map(decode).collect::<Result<Vec<_>, sqlx::Error>>()
+            })?,
+        };
+        Ok(rows
+            .into_iter()
+            .map(|r| OutboxRow {
+                lease_ms: lease,
+                ..r
+            })
+            .collect())
     }
 
     /// Deletes the rows `ids`: they were sent. One statement.
@@ -272,23 +325,41 @@ impl Database {
         Ok(())
     }
 
-    /// Row `id` could not be sent: due again at `due_ms`, with `error`.
+    /// Row `id`, claimed until `lease_ms`, could not be sent: due again at
+    /// `due_ms`, with `error` (nothing when its lease is no longer that).
     ///
     /// # Errors
     /// The statement fails.
-    pub async fn outbox_failed(&self, id: i64, due_ms: i64, error: &str) -> Result<(), StoreError> {
-        let params = [Param::Int(id), Param::Int(due_ms), Param::Text(error)];
+    pub async fn outbox_failed(
+        &self,
+        id: i64,
+        due_ms: i64,
+        error: &str,
+        lease_ms: i64,
+    ) -> Result<(), StoreError> {
+        let params = [
+            Param::Int(id),
+            Param::Int(due_ms),
+            Param::Text(error),
+            Param::Int(lease_ms),
+        ];
         dispatch!(&self.0, b => b.run(FAILED.into_sql_str(), &params).await)?;
         Ok(())
     }
 
-    /// Gives the claimed row `id` back unsent, due at `due_ms`; its claim
-    /// does not count as a try.
+    /// Gives the row `id`, claimed until `lease_ms`, back unsent, due at
+    /// `due_ms`; its claim does not count as a try (nothing when its lease
+    /// is no longer that).
     ///
     /// # Errors
     /// The statement fails.
-    pub async fn outbox_release(&self, id: i64, due_ms: i64) -> Result<(), StoreError> {
-        let params = [Param::Int(id), Param::Int(due_ms)];
+    pub async fn outbox_release(
+        &self,
+        id: i64,
+        due_ms: i64,
+        lease_ms: i64,
+    ) -> Result<(), StoreError> {
+        let params = [Param::Int(id), Param::Int(due_ms), Param::Int(lease_ms)];
         dispatch!(&self.0, b => b.run(RELEASE.into_sql_str(), &params).await)?;
         Ok(())
     }
@@ -376,5 +447,6 @@ fn decode(row: &impl super::backend::HostRow) -> Result<OutboxRow, sqlx::Error> 
         key: row.opt_text(8)?,
         attempts: u32::try_from(row.int(9)?).unwrap_or(u32::MAX),
         created_ms: row.int(10)?,
+        lease_ms: 0,
     })
 }

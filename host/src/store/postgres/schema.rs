@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// runs right after it.
 const RECEIPTS_DDL: usize = 0;
 
-const HOST_TABLES: [&str; 12] = [
+const HOST_TABLES: [&str; 13] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -71,6 +71,8 @@ const HOST_TABLES: [&str; 12] = [
         ON idem_dead_letters (consumer, stream, stream_sequence, published_ns)",
     "ALTER TABLE idem_dead_letters
         DROP CONSTRAINT IF EXISTS idem_dead_letters_consumer_stream_stream_sequence_key",
+    // The claim's ordering-key rule looks up earlier rows of a key.
+    "CREATE INDEX IF NOT EXISTS idem_outbox_key ON idem_outbox (consumer, ordering_key, id) WHERE ordering_key IS NOT NULL",
 ];
 
 /// Creates or upgrades the host tables under a transaction-scoped advisory

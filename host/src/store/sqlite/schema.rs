@@ -10,7 +10,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 9] = [
+const HOST_TABLES: [&str; 10] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -74,6 +74,8 @@ const HOST_TABLES: [&str; 9] = [
         UNIQUE (consumer, message_id, call_index)
     )",
     "CREATE INDEX IF NOT EXISTS idem_outbox_due ON idem_outbox (due_ms, id)",
+    // The claim's ordering-key rule looks up earlier rows of a key.
+    "CREATE INDEX IF NOT EXISTS idem_outbox_key ON idem_outbox (consumer, ordering_key, id) WHERE ordering_key IS NOT NULL",
 ];
 
 /// Where `idem_dead_letters` is created in [`HOST_TABLES`].
