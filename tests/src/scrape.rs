@@ -37,3 +37,20 @@ pub fn scrape(port: u16) -> BTreeMap<String, f64> {
         })
         .collect()
 }
+
+/// Waits until `host` answers `/readyz` on `port` with 200 (its streams
+/// and consumers are there), 60 s at most.
+///
+/// # Panics
+/// The host exits or does not get ready in time (with its log).
+pub async fn until_ready(host: &mut crate::chaos::HostProcess, port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while http_get(port, "/readyz").map(|r| r.0) != Some(200) {
+        assert!(
+            host.exited().is_none() && std::time::Instant::now() < deadline,
+            "the host did not get ready; log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

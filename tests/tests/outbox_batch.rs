@@ -15,13 +15,17 @@
 //!   `max_msg_size`) stores nothing, and its rows stay pending with the
 //!   error (`idem status` and the pending gauge show them per grant,
 //!   `batch.>`); once the stream takes bigger messages the
-//!   whole batch lands.
+//!   whole batch lands;
+//! - a batch the stream refuses as a whole because it no longer takes
+//!   batches (10174, `allow_atomic` turned off while the relay still
+//!   thought it on) goes one by one, and a row of it that fails holds the
+//!   later rows of its key.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem::outbox::relay::delivery_id;
 use idem_tests::chaos::HostProcess;
-use idem_tests::scrape::{http_get, scrape};
+use idem_tests::scrape::{scrape, until_ready};
 use idem_tests::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -101,18 +105,20 @@ async fn until_rows(db: &TestDb, host: &mut HostProcess, what: &str, check: impl
     }
 }
 
-/// Waits until the host answers `/readyz` with 200 (its streams and
-/// consumers are there).
-async fn ready(host: &mut HostProcess, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http_get(port, "/readyz").map(|r| r.0) != Some(200) {
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "the host did not get ready; log:\n{}",
-            std::fs::read_to_string(&host.log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Creates stream BATCHED on `batch.>`, taking atomic batches, with a
+/// `max_msg_size` of 256 bytes: a batch's headers (ids, batch id,
+/// sequence, commit) take about 150, so a 300-byte payload is refused.
+async fn batched_stream(js: &async_nats::jetstream::Context) {
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "BATCHED".into(),
+        subjects: vec!["batch.>".into()],
+        max_age: DEFAULT_RETENTION,
+        allow_atomic_publish: true,
+        max_message_size: 256,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }
 
 /// The handler's sample of `name` on the host's `/metrics` (0 when not
@@ -136,22 +142,11 @@ async fn lands_together_once(backend: Backend) {
     let port = free_port();
     let cfg = config(dir.path(), &nats, &db, port);
     let js = nats.jetstream().await;
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "BATCHED".into(),
-        subjects: vec!["batch.>".into()],
-        max_age: DEFAULT_RETENTION,
-        allow_atomic_publish: true,
-        // Headers of a batch's message (ids, batch id, sequence, commit)
-        // take about 150 bytes.
-        max_message_size: 256,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    batched_stream(&js).await;
 
     // The batch is stored, then the host aborts before deleting its rows.
     let mut host = HostProcess::spawn(host_bin(), &cfg, "abort-after-send:1", dir.path(), "h1");
-    ready(&mut host, port).await;
+    until_ready(&mut host, port).await;
     let m1 = json!({"event_id": "m1", "op": "outbox", "calls": [
         {"publish": "batch.a", "payload": "one", "key": "k"},
         {"publish": "batch.b", "payload": "two"},
@@ -208,7 +203,7 @@ async fn lands_together_once(backend: Backend) {
         dir.path(),
         "h2",
     );
-    ready(&mut host, port).await;
+    until_ready(&mut host, port).await;
     until_rows(&db, &mut host, "the batch was not sent again", |n| n == 0).await;
     assert_eq!(stored(&js).await, m1_stored);
     assert_eq!(counter(port, "idem_outbox_sent_total"), 3.0);
@@ -323,4 +318,100 @@ async fn lands_together_once(backend: Backend) {
     let ended = host.terminate(Duration::from_secs(30));
     assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
     assert_eq!(db.receipts(HANDLER).await, 2);
+}
+
+/// Message m1: three publishes of key `k` to one stream, the middle one
+/// larger than the stream takes. Row 2 must not be stored while row 1
+/// waits (rows of a key leave in commit order).
+async fn m1_keeps_its_order(
+    js: &async_nats::jetstream::Context,
+    db: &TestDb,
+    host: &mut HostProcess,
+) -> String {
+    let big = "x".repeat(300);
+    let m1 = json!({"event_id": "m1", "op": "outbox", "calls": [
+        {"publish": "batch.a", "payload": "one", "key": "k"},
+        {"publish": "batch.a", "payload": big, "key": "k"},
+        {"publish": "batch.a", "payload": "three", "key": "k"},
+    ]});
+    publish(js, "orders.placed", &m1.to_string(), &[]).await;
+    // Until row 1 has been tried a few times.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db
+        .scalar("SELECT count(*) FROM idem_outbox WHERE message_id = 'm1' AND call_index = 1 AND attempts >= 3")
+        .await
+        != Some(1)
+    {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "row 1 was not tried; log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored: Vec<String> = stored(js).await.into_iter().map(|m| m.payload).collect();
+    let log = std::fs::read_to_string(&host.log).unwrap_or_default();
+    assert!(
+        !stored.iter().any(|p| p == "three"),
+        "row 2 of key k was stored while row 1 of key k still waits: stored {stored:?}; \
+         rows: {:?}; log:\n{}",
+        db.scalar("SELECT count(*) FROM idem_outbox").await,
+        log.lines()
+            .filter(|l| l.contains("one by one") || l.contains("outbox"))
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    log
+}
+
+on_both_databases!(
+    a_batch_sent_one_by_one_after_10174_keeps_a_failed_rows_key,
+    one_by_one_after_10174
+);
+
+async fn one_by_one_after_10174(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = config(dir.path(), &nats, &db, port);
+    let js = nats.jetstream().await;
+    batched_stream(&js).await;
+    let mut host = HostProcess::spawn_with_env(
+        host_bin(),
+        &cfg,
+        &[("RUST_LOG", "info,async_nats=warn,idem::outbox=debug")],
+        dir.path(),
+        "h1",
+    );
+    until_ready(&mut host, port).await;
+    // m0 makes the relay learn (for 10 s) that the stream takes batches.
+    let m0 = json!({"event_id": "m0", "op": "outbox", "calls": [
+        {"publish": "batch.a", "payload": "zero-a"},
+        {"publish": "batch.a", "payload": "zero-b"},
+    ]});
+    publish(&js, "orders.placed", &m0.to_string(), &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stored(&js).await.len() < 2 {
+        assert!(Instant::now() < deadline, "m0 did not land");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The operator turns atomic publish off.
+    let mut config = js
+        .get_stream("BATCHED")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.allow_atomic_publish = false;
+    js.update_stream(config)
+        .await
+        .expect("allow_atomic cannot be turned off");
+    let log = m1_keeps_its_order(&js, &db, &mut host).await;
+    assert!(
+        log.contains("error 10174"),
+        "no 10174 seen: the path was not taken"
+    );
 }

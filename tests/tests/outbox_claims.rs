@@ -1,5 +1,4 @@
-//! The relay's claim and its one-by-one sends, against real PostgreSQL,
-//! SQLite and nats-server:
+//! The relay's claim, against real PostgreSQL and SQLite:
 //! - `claims_keep_keys_in_order_and_take_no_row_twice`: four "hosts" (each
 //!   its own pool) claim the same table at once through
 //!   `Database::claim_outbox` while a writer stores deliveries, and send,
@@ -8,31 +7,17 @@
 //!   row claimed while an earlier row of its key (not parked) exists
 //!   outside its own claim and delivery, a fresh unkeyed delivery never
 //!   split, the rows of one key sent in id order.
-//! - `a_batch_sent_one_by_one_after_10174_keeps_a_failed_rows_key` and
-//!   `..._after_10201_...`: a batch the stream refuses as a whole goes one
-//!   by one; a row of it that fails holds the later rows of its key.
 //! - `a_backlog_of_distinct_keys_is_claimed`: 5,000 due rows, one key each
 //!   (`key = order id`): one claim takes the oldest 64 (its time is
 //!   printed; the ordering-key rule uses the index on consumer, key, id).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::outbox::relay::delivery_id;
 use idem::store::{Database, OutboxRow, PARKED, now_ms};
-use idem_tests::chaos::HostProcess;
-use idem_tests::scrape::http_get;
 use idem_tests::*;
-use serde_json::json;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const HANDLER: &str = "orders";
-
-fn host_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_idem-test-host"))
-}
 
 // ---------------------------------------------------------------------
 // The claim, against a model.
@@ -324,186 +309,6 @@ fn check_claim(g: &mut Model, claimer: usize, rows: &[OutboxRow]) {
 }
 
 on_both_databases!(claims_keep_keys_in_order_and_take_no_row_twice, claim_model);
-
-// ---------------------------------------------------------------------
-// A batch refused as a whole, then sent one by one.
-
-fn config(dir: &Path, nats: &Nats, db: &TestDb, port: u16) -> PathBuf {
-    let mut spec = HandlerSpec::new(HANDLER, "behave");
-    spec.stream = "ORDERS".into();
-    spec.subjects = vec!["orders.placed".into()];
-    spec.extra.push_str("publish = [\"batch.>\"]\n");
-    let path = write_config(dir, nats, db, &[spec]);
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str(&format!("[service]\nlisten = \"127.0.0.1:{port}\"\n"));
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-async fn ready(host: &mut HostProcess, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http_get(port, "/readyz").map(|r| r.0) != Some(200) {
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "the host did not get ready; log:\n{}",
-            std::fs::read_to_string(&host.log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn payloads(js: &async_nats::jetstream::Context) -> Vec<String> {
-    let stream = js.get_stream("BATCHED").await.unwrap();
-    let last = stream.get_info().await.unwrap().state.last_sequence;
-    let mut out = Vec::new();
-    for seq in 1..=last {
-        if let Ok(m) = stream.get_raw_message(seq).await {
-            out.push(String::from_utf8_lossy(&m.payload).to_string());
-        }
-    }
-    out
-}
-
-async fn batched_stream(js: &async_nats::jetstream::Context) {
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "BATCHED".into(),
-        subjects: vec!["batch.>".into()],
-        max_age: DEFAULT_RETENTION,
-        allow_atomic_publish: true,
-        max_message_size: 256,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
-
-/// Message m1: three publishes of key `k` to one stream, the middle one
-/// larger than the stream takes. Row 2 must not be stored while row 1
-/// waits (rows of a key leave in commit order).
-async fn m1_keeps_its_order(
-    js: &async_nats::jetstream::Context,
-    db: &TestDb,
-    host: &mut HostProcess,
-) -> String {
-    let big = "x".repeat(300);
-    let m1 = json!({"event_id": "m1", "op": "outbox", "calls": [
-        {"publish": "batch.a", "payload": "one", "key": "k"},
-        {"publish": "batch.a", "payload": big, "key": "k"},
-        {"publish": "batch.a", "payload": "three", "key": "k"},
-    ]});
-    publish(js, "orders.placed", &m1.to_string(), &[]).await;
-    // Until row 1 has been tried a few times.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while db
-        .scalar("SELECT count(*) FROM idem_outbox WHERE message_id = 'm1' AND call_index = 1 AND attempts >= 3")
-        .await
-        != Some(1)
-    {
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "row 1 was not tried; log:\n{}",
-            std::fs::read_to_string(&host.log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let stored = payloads(js).await;
-    let log = std::fs::read_to_string(&host.log).unwrap_or_default();
-    assert!(
-        !stored.iter().any(|p| p == "three"),
-        "row 2 of key k was stored while row 1 of key k still waits: stored {stored:?}; \
-         rows: {:?}; log:\n{}",
-        db.scalar("SELECT count(*) FROM idem_outbox").await,
-        log.lines()
-            .filter(|l| l.contains("one by one") || l.contains("outbox"))
-            .take(20)
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    log
-}
-
-on_both_databases!(
-    a_batch_sent_one_by_one_after_10174_keeps_a_failed_rows_key,
-    one_by_one_after_10174
-);
-
-async fn one_by_one_after_10174(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = config(dir.path(), &nats, &db, port);
-    let js = nats.jetstream().await;
-    batched_stream(&js).await;
-    let mut host = HostProcess::spawn_with_env(
-        host_bin(),
-        &cfg,
-        &[("RUST_LOG", "info,async_nats=warn,idem::outbox=debug")],
-        dir.path(),
-        "h1",
-    );
-    ready(&mut host, port).await;
-    // m0 makes the relay learn (for 10 s) that the stream takes batches.
-    let m0 = json!({"event_id": "m0", "op": "outbox", "calls": [
-        {"publish": "batch.a", "payload": "zero-a"},
-        {"publish": "batch.a", "payload": "zero-b"},
-    ]});
-    publish(&js, "orders.placed", &m0.to_string(), &[]).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while payloads(&js).await.len() < 2 {
-        assert!(Instant::now() < deadline, "m0 did not land");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // The operator turns atomic publish off.
-    let mut config = js
-        .get_stream("BATCHED")
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
-    config.allow_atomic_publish = false;
-    js.update_stream(config)
-        .await
-        .expect("allow_atomic cannot be turned off");
-    let log = m1_keeps_its_order(&js, &db, &mut host).await;
-    assert!(
-        log.contains("error 10174"),
-        "no 10174 seen: the path was not taken"
-    );
-}
-
-on_both_databases!(
-    a_batch_sent_one_by_one_after_10201_keeps_a_failed_rows_key,
-    one_by_one_after_10201
-);
-
-async fn one_by_one_after_10201(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = config(dir.path(), &nats, &db, port);
-    let js = nats.jetstream().await;
-    batched_stream(&js).await;
-    // Row 0 of m1 is stored already (a host sent it and died before its
-    // delete).
-    let id0 = delivery_id(HANDLER, "m1", 0);
-    publish(&js, "batch.a", "one", &[("Nats-Msg-Id", id0.as_str())]).await;
-    let mut host = HostProcess::spawn_with_env(
-        host_bin(),
-        &cfg,
-        &[("RUST_LOG", "info,async_nats=warn,idem::outbox=debug")],
-        dir.path(),
-        "h1",
-    );
-    ready(&mut host, port).await;
-    let log = m1_keeps_its_order(&js, &db, &mut host).await;
-    eprintln!(
-        "10201 path taken: {}",
-        log.contains("error 10201") && log.contains("one by one")
-    );
-}
 
 // ---------------------------------------------------------------------
 // A backlog of keyed rows (one key per message, as `key = order id`): one
