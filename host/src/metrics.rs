@@ -224,9 +224,10 @@ pub fn outbox_delay(handler: &str, created_ms: i64, now_ms: i64) {
 }
 
 /// The outbox gauges (`idem_outbox_pending`, `idem_outbox_parked`,
-/// `idem_outbox_oldest_age_seconds`), per handler and target (labels
-/// `handler`, `target`: `publish:SUBJECT` or `call:ENDPOINT`); a pair that
-/// had rows and has none any more is set to 0.
+/// `idem_outbox_oldest_age_seconds`), per handler and grant (labels
+/// `handler`, `target`: `publish:PATTERN` or `call:ENDPOINT`, as
+/// `outbox::grants::summary_by_grant` makes them); a pair that had rows
+/// and has none any more is set to 0.
 #[derive(Debug, Default)]
 pub struct OutboxGauges {
     /// The label pairs set last time.

@@ -8,8 +8,10 @@
 
 pub mod batch;
 pub mod calls;
+mod flight;
 pub mod grants;
 pub mod relay;
+mod send;
 pub mod streams;
 pub mod subject;
 pub mod window;

@@ -20,7 +20,7 @@
 //! ([`crate::metrics::OutboxGauges`]).
 
 use super::Target;
-use super::batch::{BatchSent, Step, plan, publish_batch};
+use super::flight::{Flight, Outcome, Running, cancelled, deliveries};
 use super::grants::OutboxGrants;
 use super::streams::StreamFactsCache;
 use crate::store::{Database, OutboxRow, PARKED};
@@ -112,22 +112,22 @@ pub enum Sent {
 }
 
 /// What one send came to, or why not.
-type SendResult = Result<Sent, String>;
+pub(super) type SendResult = Result<Sent, String>;
 
 /// The relay of one host.
 pub struct Relay {
-    db: Arc<Database>,
-    js: jetstream::Context,
+    pub(super) db: Arc<Database>,
+    pub(super) js: jetstream::Context,
     /// `js`'s connection, for a batch's requests.
-    client: async_nats::Client,
+    pub(super) client: async_nats::Client,
     /// Which stream stores a subject, for batches.
-    streams: StreamFactsCache,
-    http: reqwest::Client,
+    pub(super) streams: StreamFactsCache,
+    pub(super) http: reqwest::Client,
     /// Per handler, its grants (where its endpoints are).
-    grants: HashMap<String, Arc<OutboxGrants>>,
-    wake: Arc<Notify>,
+    pub(super) grants: HashMap<String, Arc<OutboxGrants>>,
+    pub(super) wake: Arc<Notify>,
     /// The last claim failed (and said so).
-    claim_failing: AtomicBool,
+    pub(super) claim_failing: AtomicBool,
 }
 
 impl Relay {
@@ -407,163 +407,6 @@ impl Relay {
         }
     }
 
-    /// Sends one delivery's rows (in call order) as [`plan`] steps them,
-    /// recording each step's outcome in `progress` as it ends. A step not
-    /// started by `until` or `stop` gives its rows back; so does a step
-    /// holding a row whose key an earlier failed row of this delivery
-    /// holds (the claim then waits for that row's retry).
-    async fn send_delivery(
-        &self,
-        rows: Vec<OutboxRow>,
-        stop: Option<&CancellationToken>,
-        until: Instant,
-        progress: Arc<Progress>,
-    ) {
-        let over = || Instant::now() >= until || stop.is_some_and(CancellationToken::is_cancelled);
-        let mut streams = HashMap::new();
-        let publishes: Vec<&str> = rows
-            .iter()
-            .filter_map(|r| match &r.target {
-                Target::Publish(s) => Some(s.as_str()),
-                Target::Call(_) => None,
-            })
-            .collect();
-        if publishes.len() > 1 && !over() {
-            for subject in publishes {
-                if streams.contains_key(subject) {
-                    continue;
-                }
-                match self.streams.facts(&self.js, subject).await {
-                    Ok(Some(facts)) => {
-                        streams.insert(subject.to_owned(), facts);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let due = self.due_together(rows.iter());
-                        progress.record(rows.into_iter().map(|row| Outcome::failed(row, &e, due)));
-                        return;
-                    }
-                }
-            }
-        }
-        let steps = plan(&rows, &streams);
-        let mut slots: Vec<Option<OutboxRow>> = rows.into_iter().map(Some).collect();
-        // Each step's rows, with the stream when they go as one batch.
-        let mut todo: std::collections::VecDeque<(Option<String>, Vec<OutboxRow>)> = steps
-            .into_iter()
-            .map(|step| {
-                let taken: Vec<OutboxRow> = step
-                    .rows()
-                    .iter()
-                    .filter_map(|i| slots.get_mut(*i)?.take())
-                    .collect();
-                match step {
-                    Step::One(_) => (None, taken),
-                    Step::Batch(stream, _) => (Some(stream), taken),
-                }
-            })
-            .collect();
-        let mut failed_keys: std::collections::HashSet<String> = std::collections::HashSet::new();
-        while let Some((batch, taken)) = todo.pop_front() {
-            let held = taken
-                .iter()
-                .any(|r| r.key.as_ref().is_some_and(|k| failed_keys.contains(k)));
-            if held || over() {
-                progress.record(taken.into_iter().map(Outcome::given_back));
-                continue;
-            }
-            progress.start(&taken);
-            let outcomes = match batch {
-                None => {
-                    let mut one = Vec::new();
-                    for row in taken {
-                        let result = self.send(&row).await;
-                        one.push(Outcome::of(row, result, None));
-                    }
-                    one
-                }
-                Some(stream) => match self.send_batch(&stream, taken).await {
-                    Ok(outcomes) => outcomes,
-                    Err(rows) => {
-                        // One by one, each a step of its own: a row after
-                        // a failed one of its key waits, and none starts
-                        // past `until`.
-                        for row in rows.into_iter().rev() {
-                            todo.push_front((None, vec![row]));
-                        }
-                        continue;
-                    }
-                },
-            };
-            for o in &outcomes {
-                match &o.result {
-                    Some(Ok(_)) => crate::pipeline::fault::after_send(),
-                    Some(Err(_)) => {
-                        if let Some(k) = &o.row.key {
-                            failed_keys.insert(k.clone());
-                        }
-                    }
-                    None => {}
-                }
-            }
-            progress.record(outcomes);
-        }
-    }
-
-    /// Sends `rows`, publishes to `stream`, as one atomic batch; when the
-    /// stream refuses the batch as a whole for a reason single publishes
-    /// do not have ([`BatchSent::OneByOne`]), gives the rows back to be
-    /// published one by one (`Err`). A batch that fails makes all its rows
-    /// due again at the same time, so the next claim takes them together.
-    async fn send_batch(
-        &self,
-        stream: &str,
-        rows: Vec<OutboxRow>,
-    ) -> Result<Vec<Outcome>, Vec<OutboxRow>> {
-        let ids: Vec<String> = rows
-            .iter()
-            .map(|r| delivery_id(&r.consumer, &r.message_id, r.call_index))
-            .collect();
-        let refs: Vec<&OutboxRow> = rows.iter().collect();
-        let sent = tokio::time::timeout(SEND_TIMEOUT, publish_batch(&self.client, &refs, &ids))
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "no acknowledgement of a batch to stream {stream} within {SEND_TIMEOUT:?}"
-                ))
-            });
-        match sent {
-            Ok(BatchSent::Stored) => Ok(rows
-                .into_iter()
-                .map(|row| Outcome::of(row, Ok(Sent::Sent), None))
-                .collect()),
-            Ok(BatchSent::OneByOne(why)) => {
-                tracing::debug!(stream, reason = %why, rows = rows.len(), "stream refused an outbox batch as a whole; publishing its rows one by one");
-                for row in &rows {
-                    if let Target::Publish(s) = &row.target {
-                        self.streams.forget(s);
-                    }
-                }
-                Err(rows)
-            }
-            Err(e) => {
-                let due = self.due_together(rows.iter());
-                Ok(rows
-                    .into_iter()
-                    .map(|row| Outcome::failed(row, &e, due))
-                    .collect())
-            }
-        }
-    }
-
-    /// When rows that failed together are due again: after the longest
-    /// wait any of them has earned.
-    fn due_together<'a>(&self, rows: impl Iterator<Item = &'a OutboxRow>) -> Option<i64> {
-        let attempts = rows.map(|r| r.attempts).max()?;
-        let wait = i64::try_from(retry_after(attempts).as_millis()).unwrap_or(i64::MAX);
-        Some(now_ms().saturating_add(wait))
-    }
-
     /// Reads what waits per handler and grant into the gauges (bounded
     /// like a claim; a failure leaves them as they were).
     async fn set_gauges(&self, gauges: &mut crate::metrics::OutboxGauges) {
@@ -578,7 +421,7 @@ impl Relay {
     }
 
     /// Gives `row` back unsent.
-    async fn release(&self, row: &OutboxRow) {
+    pub(super) async fn release(&self, row: &OutboxRow) {
         if let Err(e) = self.db.outbox_release(row.id, now_ms(), row.lease_ms).await {
             tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
         }
@@ -586,7 +429,7 @@ impl Relay {
 
     /// Records that `row`'s send failed with `e`: due again at `due` or
     /// after [`retry_after`] its tries, or parked after a call's last try.
-    async fn record_failure(&self, row: &OutboxRow, e: &str, due: Option<i64>) {
+    pub(super) async fn record_failure(&self, row: &OutboxRow, e: &str, due: Option<i64>) {
         let target = match &row.target {
             Target::Publish(s) | Target::Call(s) => s.as_str(),
         };
@@ -611,212 +454,10 @@ impl Relay {
             tracing::warn!(error = %err, "cannot record a failed outbox send; the row is tried again after its lease");
         }
     }
-
-    /// Sends `row` once.
-    async fn send(&self, row: &OutboxRow) -> Result<Sent, String> {
-        let id = delivery_id(&row.consumer, &row.message_id, row.call_index);
-        match &row.target {
-            Target::Publish(subject) => self.publish(subject, row, &id).await,
-            Target::Call(endpoint) => self.call(endpoint, row, &id).await,
-        }
-    }
-
-    async fn publish(&self, subject: &str, row: &OutboxRow, id: &str) -> Result<Sent, String> {
-        let mut headers = async_nats::HeaderMap::new();
-        for (k, v) in &row.headers {
-            headers.append(k.as_str(), v.as_str());
-        }
-        headers.insert("Nats-Msg-Id", id);
-        let send = async {
-            let ack = self
-                .js
-                .publish_with_headers(subject.to_owned(), headers, row.payload.clone().into())
-                .await
-                .map_err(|e| format!("cannot publish to {subject}: {e}"))?;
-            ack.await
-                .map_err(|e| format!("no acknowledgement from a stream for {subject}: {e}"))
-        };
-        match tokio::time::timeout(SEND_TIMEOUT, send).await {
-            Ok(Ok(ack)) if ack.duplicate => Ok(Sent::Duplicate),
-            Ok(Ok(_)) => Ok(Sent::Sent),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("no acknowledgement within {SEND_TIMEOUT:?}")),
-        }
-    }
-
-    async fn call(&self, endpoint: &str, row: &OutboxRow, id: &str) -> Result<Sent, String> {
-        let Some(url) = self
-            .grants
-            .get(&row.consumer)
-            .and_then(|g| g.endpoint(endpoint))
-        else {
-            return Err(format!(
-                "endpoint `{endpoint}` is not in handler `{}`'s config (any more)",
-                row.consumer
-            ));
-        };
-        let mut request = self
-            .http
-            .post(url.clone())
-            .header("Idempotency-Key", id)
-            .body(row.payload.clone());
-        for (k, v) in &row.headers {
-            request = request.header(k.as_str(), v.as_str());
-        }
-        let response = request
-            .send()
-            .await
-            // Without the URL: it may carry a credential (`?token=`), and
-            // the text reaches the log and `idem_outbox.last_error`.
-            .map_err(|e| format!("POST {endpoint}: {}", without_url(e)))?;
-        let status = response.status();
-        if status.is_success() {
-            Ok(Sent::Sent)
-        } else {
-            Err(format!("POST {endpoint}: answered {status}"))
-        }
-    }
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     crate::store::now_ms()
-}
-
-/// `e` and its causes, one after the other, without the request's URL.
-fn without_url(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(&e);
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
-/// What became of one claimed row in a pass.
-struct Outcome {
-    row: OutboxRow,
-    /// `None`: not started, given back.
-    result: Option<SendResult>,
-    /// When the send ended (Unix ms).
-    at: i64,
-    /// When it is due again if it failed, where that is not its own
-    /// [`retry_after`].
-    due: Option<i64>,
-}
-
-impl Outcome {
-    fn of(row: OutboxRow, result: SendResult, due: Option<i64>) -> Self {
-        Self {
-            row,
-            result: Some(result),
-            at: now_ms(),
-            due,
-        }
-    }
-    fn failed(row: OutboxRow, e: &str, due: Option<i64>) -> Self {
-        Self::of(row, Err(e.to_owned()), due)
-    }
-    fn given_back(row: OutboxRow) -> Self {
-        Self {
-            row,
-            result: None,
-            at: now_ms(),
-            due: None,
-        }
-    }
-}
-
-/// The record deliveries in flight write to: the outcomes not recorded
-/// yet and the rows whose send began (a stop keeps the lease of those in
-/// flight).
-#[derive(Default)]
-struct Progress {
-    outcomes: std::sync::Mutex<Vec<Outcome>>,
-    started: std::sync::Mutex<std::collections::HashSet<i64>>,
-}
-
-impl Progress {
-    fn start(&self, rows: &[OutboxRow]) {
-        if let Ok(mut s) = self.started.lock() {
-            s.extend(rows.iter().map(|r| r.id));
-        }
-    }
-    fn record(&self, outcomes: impl IntoIterator<Item = Outcome>) {
-        if let Ok(mut o) = self.outcomes.lock() {
-            o.extend(outcomes);
-        }
-    }
-    /// The outcomes so far, taken (their rows no longer count as
-    /// started), and the rows started and not ended.
-    fn drain(&self) -> (Vec<Outcome>, std::collections::HashSet<i64>) {
-        let outcomes = self
-            .outcomes
-            .lock()
-            .map(|mut o| std::mem::take(&mut *o))
-            .unwrap_or_default();
-        let started = match self.started.lock() {
-            Ok(mut s) => {
-                for o in &outcomes {
-                    s.remove(&o.row.id);
-                }
-                s.clone()
-            }
-            Err(_) => std::collections::HashSet::new(),
-        };
-        (outcomes, started)
-    }
-}
-
-/// Deliveries being sent, each recording into a [`Progress`].
-type Running<'a> = FuturesUnordered<std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>>;
-
-/// What a relay has claimed and not recorded yet, across passes: the
-/// deliveries a pass left in flight ([`SLOW_SEND`]) and the record they
-/// all write to.
-#[derive(Default)]
-pub struct Flight<'a> {
-    progress: Arc<Progress>,
-    /// Rows claimed and not recorded, with their lease.
-    claimed: HashMap<i64, i64>,
-    /// Deliveries a pass left in flight.
-    slow: Running<'a>,
-}
-
-/// Until `stop` (never without one).
-async fn cancelled(stop: Option<&CancellationToken>) {
-    match stop {
-        Some(stop) => stop.cancelled().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// `rows` as deliveries (the rows of one handler's message), each in
-/// call order, the deliveries in the order of their first row.
-fn deliveries(mut rows: Vec<OutboxRow>) -> Vec<Vec<OutboxRow>> {
-    rows.sort_by_key(|r| r.id);
-    let mut out: Vec<Vec<OutboxRow>> = Vec::new();
-    let mut at: HashMap<(String, String), usize> = HashMap::new();
-    for row in rows {
-        let key = (row.consumer.clone(), row.message_id.clone());
-        match at.get(&key) {
-            Some(&i) => {
-                if let Some(d) = out.get_mut(i) {
-                    d.push(row);
-                }
-            }
-            None => {
-                at.insert(key, out.len());
-                out.push(vec![row]);
-            }
-        }
-    }
-    for d in &mut out {
-        d.sort_by_key(|r| r.call_index);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -832,21 +473,6 @@ mod tests {
         assert_ne!(a, delivery_id("orders", "o-1", 1));
         assert_ne!(a, delivery_id("orders", "o-2", 0));
         assert_ne!(a, delivery_id("order", "so-1", 0), "fields are separated");
-    }
-
-    #[tokio::test]
-    async fn a_call_error_says_why_without_the_url() {
-        let e = reqwest::Client::new()
-            .post("http://127.0.0.1:1/notify?token=secret")
-            .send()
-            .await
-            .err()
-            .into_iter()
-            .map(without_url)
-            .next()
-            .unwrap_or_default();
-        assert!(!e.contains("secret") && !e.contains("127.0.0.1"), "{e}");
-        assert!(e.to_lowercase().contains("connect"), "{e}");
     }
 
     #[test]
