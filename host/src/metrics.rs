@@ -201,14 +201,28 @@ pub fn deploy_refused(handler: &str, reason: &'static str) {
     .increment(1);
 }
 
-/// Counts one outbox row of `handler` the relay sent
-/// (`idem_outbox_sent_total`), and whether the stream had it already
-/// (`idem_outbox_duplicates_total`).
-pub fn outbox_sent(handler: &str, duplicate: bool) {
-    metrics::counter!("idem_outbox_sent_total", HANDLER_LABEL => handler.to_owned()).increment(1);
+/// The `target` label of an outbox series: `publish:PATTERN` or
+/// `call:ENDPOINT`, the grant a row falls under
+/// (`outbox::OutboxGrants::grant_of`), so the label values are bounded by
+/// the config.
+pub fn outbox_target_label(grant: &crate::outbox::Target) -> String {
+    match grant {
+        crate::outbox::Target::Publish(t) => format!("publish:{t}"),
+        crate::outbox::Target::Call(t) => format!("call:{t}"),
+    }
+}
+
+/// Counts one outbox row of `handler` to `target` (a label from
+/// [`outbox_target_label`]) the relay sent (`idem_outbox_sent_total`), and
+/// whether the stream had it already (`idem_outbox_duplicates_total`).
+pub fn outbox_sent(handler: &str, target: &str, duplicate: bool) {
+    let labels = [
+        (HANDLER_LABEL, handler.to_owned()),
+        ("target", target.to_owned()),
+    ];
+    metrics::counter!("idem_outbox_sent_total", &labels).increment(1);
     if duplicate {
-        metrics::counter!("idem_outbox_duplicates_total", HANDLER_LABEL => handler.to_owned())
-            .increment(1);
+        metrics::counter!("idem_outbox_duplicates_total", &labels).increment(1);
     }
 }
 
@@ -239,10 +253,7 @@ impl OutboxGauges {
     pub fn set(&mut self, summary: &[crate::store::OutboxSummary], now_ms: i64) {
         let mut seen = std::collections::BTreeSet::new();
         for s in summary {
-            let target = match &s.target {
-                crate::outbox::Target::Publish(t) => format!("publish:{t}"),
-                crate::outbox::Target::Call(t) => format!("call:{t}"),
-            };
+            let target = outbox_target_label(&s.target);
             let age = s.oldest_ms.map_or(0.0, |t| {
                 Duration::from_millis(u64::try_from(now_ms.saturating_sub(t)).unwrap_or(0))
                     .as_secs_f64()
@@ -270,10 +281,14 @@ impl OutboxGauges {
     }
 }
 
-/// Counts one failed outbox send of `handler` (`idem_outbox_failures_total`).
-pub fn outbox_failed(handler: &str) {
-    metrics::counter!("idem_outbox_failures_total", HANDLER_LABEL => handler.to_owned())
-        .increment(1);
+/// Counts one failed outbox send of `handler` to `target` (a label from
+/// [`outbox_target_label`]) (`idem_outbox_failures_total`).
+pub fn outbox_failed(handler: &str, target: &str) {
+    let labels = [
+        (HANDLER_LABEL, handler.to_owned()),
+        ("target", target.to_owned()),
+    ];
+    metrics::counter!("idem_outbox_failures_total", &labels).increment(1);
 }
 
 /// One counter: an atomic read by the stats line and the tests, and the

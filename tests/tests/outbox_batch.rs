@@ -121,13 +121,15 @@ async fn batched_stream(js: &async_nats::jetstream::Context) {
     .unwrap();
 }
 
-/// The handler's sample of `name` on the host's `/metrics` (0 when not
-/// exported yet).
+/// The handler's samples of `name` on the host's `/metrics`, added over
+/// its targets (0 when not exported yet).
 fn counter(port: u16, name: &str) -> f64 {
+    let prefix = format!("{name}{{handler=\"{HANDLER}\",");
     scrape(port)
-        .get(&format!("{name}{{handler=\"{HANDLER}\"}}"))
-        .copied()
-        .unwrap_or(0.0)
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 on_both_databases!(
@@ -208,6 +210,9 @@ async fn lands_together_once(backend: Backend) {
     assert_eq!(stored(&js).await, m1_stored);
     assert_eq!(counter(port, "idem_outbox_sent_total"), 3.0);
     assert_eq!(counter(port, "idem_outbox_duplicates_total"), 3.0);
+    // Per grant, not per subject.
+    let sent = "idem_outbox_sent_total{handler=\"orders\",target=\"publish:batch.>\"}";
+    assert_eq!(scrape(port).get(sent).copied(), Some(3.0));
     let log = std::fs::read_to_string(&host.log).unwrap();
     assert!(
         log.contains("publishing its rows one by one") && log.contains("error 10201"),

@@ -103,6 +103,23 @@ impl OutboxGrants {
     }
 }
 
+/// The grant `consumer`'s `target` falls under ([`OutboxGrants::grant_of`],
+/// with `grants` per handler); `(not run here)` for a handler `grants` does
+/// not hold.
+pub fn grant_in(
+    grants: &std::collections::HashMap<String, std::sync::Arc<OutboxGrants>>,
+    consumer: &str,
+    target: &Target,
+) -> Target {
+    match grants.get(consumer) {
+        Some(g) => g.grant_of(target),
+        None => match target {
+            Target::Publish(_) => Target::Publish("(not run here)".into()),
+            Target::Call(_) => Target::Call("(not run here)".into()),
+        },
+    }
+}
+
 /// `summary` (per handler and literal target) per handler and grant
 /// ([`OutboxGrants::grant_of`], with `grants` per handler; a handler this
 /// host does not run gets target `(not run here)`): counts added, the
@@ -113,13 +130,7 @@ pub fn summary_by_grant(
 ) -> Vec<OutboxSummary> {
     let mut by: BTreeMap<(String, String, String), OutboxSummary> = BTreeMap::new();
     for s in summary {
-        let target = match grants.get(&s.consumer) {
-            Some(g) => g.grant_of(&s.target),
-            None => match &s.target {
-                Target::Publish(_) => Target::Publish("(not run here)".into()),
-                Target::Call(_) => Target::Call("(not run here)".into()),
-            },
-        };
+        let target = grant_in(grants, &s.consumer, &s.target);
         let key = match &target {
             Target::Publish(t) => (s.consumer.clone(), "publish".to_owned(), t.clone()),
             Target::Call(t) => (s.consumer.clone(), "call".to_owned(), t.clone()),

@@ -379,7 +379,8 @@ impl Relay {
             match result {
                 None => self.release(&row).await,
                 Some(Ok(how)) => {
-                    crate::metrics::outbox_sent(&row.consumer, how == Sent::Duplicate);
+                    let target = self.target_label(&row);
+                    crate::metrics::outbox_sent(&row.consumer, &target, how == Sent::Duplicate);
                     crate::metrics::outbox_delay(&row.consumer, row.created_ms, at);
                     sent.push(row.id);
                 }
@@ -420,6 +421,13 @@ impl Relay {
         }
     }
 
+    /// The metric label of `row`'s target: the grant it falls under
+    /// (`(not run here)` for a handler this host does not run).
+    fn target_label(&self, row: &OutboxRow) -> String {
+        let grant = super::grants::grant_in(&self.grants, &row.consumer, &row.target);
+        crate::metrics::outbox_target_label(&grant)
+    }
+
     /// Gives `row` back unsent.
     pub(super) async fn release(&self, row: &OutboxRow) {
         if let Err(e) = self.db.outbox_release(row.id, now_ms(), row.lease_ms).await {
@@ -433,7 +441,7 @@ impl Relay {
         let target = match &row.target {
             Target::Publish(s) | Target::Call(s) => s.as_str(),
         };
-        crate::metrics::outbox_failed(&row.consumer);
+        crate::metrics::outbox_failed(&row.consumer, &self.target_label(row));
         let parked = matches!(row.target, Target::Call(_)) && row.attempts >= MAX_CALL_ATTEMPTS;
         let message_id = crate::deploy::record::bounded(&row.message_id);
         let due = if parked {
