@@ -24,7 +24,7 @@ fn not_now(e: &jetstream::Error) -> bool {
 
 /// Whether any error in `e`'s chain is an API request JetStream did not
 /// answer (timed out, no responders, offline, unreadable answer) or
-/// answered "not now" ([`NOT_NOW`]).
+/// answered "not now" (`NOT_NOW`).
 pub fn unanswered(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         if let Some(e) = c.downcast_ref::<context::GetStreamError>() {

@@ -41,6 +41,13 @@ impl Outcome {
             due: None,
         }
     }
+    /// Given back unsent, due at `due` (at once when `None`).
+    pub(super) fn given_back_until(row: OutboxRow, due: Option<i64>) -> Self {
+        Self {
+            due,
+            ..Self::given_back(row)
+        }
+    }
 }
 
 /// The record deliveries in flight write to: the outcomes not recorded

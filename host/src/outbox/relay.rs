@@ -358,7 +358,7 @@ impl Relay {
     }
 
     /// Records what ended in `flight`: sent rows deleted in one statement,
-    /// failed ones due again later (or parked), rows given back due at
+    /// failed ones due again later (or parked), rows given back due at their time, or at
     /// once. With `stopped`, also gives back every claimed row whose send
     /// has not begun.
     async fn record(&self, flight: &mut Flight<'_>, stopped: bool) {
@@ -377,7 +377,7 @@ impl Relay {
         } in outcomes
         {
             match result {
-                None => self.release(&row).await,
+                None => self.release(&row, due).await,
                 Some(Ok(how)) => {
                     let target = self.target_label(&row);
                     crate::metrics::outbox_sent(&row.consumer, &target, how == Sent::Duplicate);
@@ -428,9 +428,10 @@ impl Relay {
         crate::metrics::outbox_target_label(&grant)
     }
 
-    /// Gives `row` back unsent.
-    pub(super) async fn release(&self, row: &OutboxRow) {
-        if let Err(e) = self.db.outbox_release(row.id, now_ms(), row.lease_ms).await {
+    /// Gives `row` back unsent, due at `due` (at once when `None`).
+    pub(super) async fn release(&self, row: &OutboxRow, due: Option<i64>) {
+        let due = due.unwrap_or_else(now_ms);
+        if let Err(e) = self.db.outbox_release(row.id, due, row.lease_ms).await {
             tracing::debug!(error = %e, "cannot give an outbox row back; it is claimed again after its lease");
         }
     }

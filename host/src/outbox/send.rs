@@ -45,8 +45,14 @@ impl Relay {
                     }
                     Ok(None) => {}
                     Err(e) => {
+                        // The publishes failed; the calls were not tried
+                        // (a try of theirs counts toward parking) and wait
+                        // with them.
                         let due = self.due_together(rows.iter());
-                        progress.record(rows.into_iter().map(|row| Outcome::failed(row, &e, due)));
+                        progress.record(rows.into_iter().map(|row| match row.target {
+                            Target::Publish(_) => Outcome::failed(row, &e, due),
+                            Target::Call(_) => Outcome::given_back_until(row, due),
+                        }));
                         return;
                     }
                 }
