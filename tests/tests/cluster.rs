@@ -198,6 +198,20 @@ async fn exact_through_leader_changes_on_a_three_node_cluster() {
     );
     for (i, mut h) in hosts.into_iter().enumerate() {
         assert!(h.exited().is_none(), "host {i} exited");
+        // The host started again may still be starting (a SIGTERM before
+        // its handlers consume is not a clean stop's test).
+        let consuming = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&h.log)
+            .unwrap_or_default()
+            .contains("every handler is consuming")
+        {
+            assert!(
+                h.exited().is_none() && Instant::now() < consuming,
+                "host {i} did not start consuming; its log:\n{}",
+                std::fs::read_to_string(&h.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let log = std::fs::read_to_string(&h.log).unwrap_or_default();
         logs.push_str(&log);
         let ended = h.terminate(Duration::from_secs(30));

@@ -102,7 +102,7 @@ impl Host {
         let mut handlers = Vec::new();
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
-            let ensured = broker::ensure_consumer(js, h, MAX_ACK_PENDING).await?;
+            let ensured = ensure_through_elections(js, h).await?;
             if ensured.created && ensured.stored > 0 {
                 warn_if_replaying(&db, h, ensured.stored).await;
             }
@@ -175,4 +175,39 @@ async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stor
         h.stream,
         h.name
     );
+}
+
+/// How long a starting host keeps asking for its stream and consumer when
+/// JetStream does not answer (a cluster electing a leader, a server away)
+/// before it gives up.
+const START_UNANSWERED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// [`broker::ensure_consumer`], asked again every second while JetStream
+/// does not answer (`broker::unanswered`), for up to
+/// [`START_UNANSWERED_GRACE`]; a refusal fails at once.
+///
+/// # Errors
+/// As [`broker::ensure_consumer`]: refused, or unanswered past the grace.
+async fn ensure_through_elections(
+    js: &async_nats::jetstream::Context,
+    h: &crate::config::HandlerConfig,
+) -> anyhow::Result<broker::EnsuredConsumer> {
+    let since = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match broker::ensure_consumer(js, h, MAX_ACK_PENDING).await {
+            Ok(ensured) => return Ok(ensured),
+            Err(e)
+                if broker::unanswered::unanswered(&e)
+                    && since.elapsed() < START_UNANSWERED_GRACE =>
+            {
+                if !said {
+                    said = true;
+                    tracing::warn!(handler = %h.name, error = %format!("{e:#}"), "JetStream does not answer about the stream and consumer (a leader election, or a server away); asking again for up to {}s", START_UNANSWERED_GRACE.as_secs());
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
