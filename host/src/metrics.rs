@@ -126,6 +126,11 @@ const GAUGES: &[(&str, Option<Unit>, &str)] = &[
         "Messages delivered and not yet acked, as the broker reports them.",
     ),
     (
+        "idem_consumer_silence_seconds",
+        Some(Unit::Seconds),
+        "How long JetStream has said nothing (no message, no heartbeat) to the handler's pull requests while they waited: under the 2 s heartbeat while it answers, 0 while nothing is asked.",
+    ),
+    (
         "idem_receipts",
         None,
         "The handler's receipts (PostgreSQL: the planner's estimate; SQLite: exact).",
@@ -156,6 +161,13 @@ const GAUGES: &[(&str, Option<Unit>, &str)] = &[
         "Age of the handler and target's oldest pending outbox row (0 without one).",
     ),
 ];
+
+/// Sets `handler`'s `idem_consumer_silence_seconds` to `silence`
+/// ([`crate::broker::liveness::Liveness::silence`]).
+pub fn set_consumer_silence(handler: &str, silence: Duration) {
+    metrics::gauge!("idem_consumer_silence_seconds", HANDLER_LABEL => handler.to_owned())
+        .set(silence.as_secs_f64());
+}
 
 /// Upper bounds (seconds) of the histograms' buckets: 1 ms to 1 h.
 const SECONDS_BUCKETS: &[f64] = &[

@@ -179,6 +179,32 @@ impl Nats {
         }
     }
 
+    /// Freezes the server (SIGSTOP): its connections stay open and it says
+    /// nothing (no message, no heartbeat, no PONG) until [`Nats::resume`].
+    ///
+    /// # Panics
+    /// When it is not running, or `kill` cannot be run.
+    pub fn freeze(&mut self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    ///
+    /// # Panics
+    /// As [`Nats::freeze`].
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&mut self, signal: &str) {
+        let pid = self.child.as_ref().expect("nats-server is running").id();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Starts a stopped server again on the same port and store directory.
     ///
     /// # Panics

@@ -411,3 +411,49 @@ async fn an_address_in_use_stops_the_start_with_one_line() {
         )
     );
 }
+
+/// A server that says nothing while the connection stays up (frozen with
+/// SIGSTOP: no message, no heartbeat; the client's pings are not missed for
+/// a minute): `/readyz` names the handler whose pull requests go
+/// unanswered and `idem_consumer_silence_seconds` counts the silence; once
+/// the server goes on, the host is ready again, the gauge back under the
+/// threshold, and a message is processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_jetstream_silence() {
+    let mut nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = config(dir.path(), &nats, &db, port);
+    let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "host");
+    until_status(&mut host, port, "/readyz", 200).await;
+    // While the server answers, the silence stays under a heartbeat (2 s)
+    // and far from the 6 s that make the host not ready.
+    let answered = sample(&scrape(port), "idem_consumer_silence_seconds");
+    assert!(answered.is_some_and(|s| s < 6.0), "gauge {answered:?}");
+    nats.freeze();
+    let body = until_status(&mut host, port, "/readyz", 503).await;
+    let silence = sample(&scrape(port), "idem_consumer_silence_seconds");
+    nats.resume();
+    let reason: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let reason = reason["reason"].as_str().unwrap().to_string();
+    let prefix = format!("handler `{HANDLER}`: JetStream has not answered its pull requests for ");
+    let secs = reason
+        .strip_prefix(&prefix)
+        .and_then(|r| r.strip_suffix("s (no message, no heartbeat)"))
+        .unwrap_or_else(|| panic!("not a silence: {reason}"));
+    assert!(secs.parse::<u64>().unwrap() >= 6, "{reason}");
+    assert!(silence.is_some_and(|s| s >= 6.0), "gauge {silence:?}");
+    assert_eq!(
+        until_status(&mut host, port, "/readyz", 200).await,
+        r#"{"ready":true}"#
+    );
+    let js = nats.jetstream().await;
+    publish(&js, SUBJECT, &op("after", "credit", 1, 5), &[]).await;
+    until_metric(&mut host, port, "idem_processed_total", 1.0).await;
+    assert_eq!(db.balance(1).await, Some(5));
+    let answered = sample(&scrape(port), "idem_consumer_silence_seconds");
+    assert!(answered.is_some_and(|s| s < 6.0), "gauge {answered:?}");
+    let ended = host.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+}

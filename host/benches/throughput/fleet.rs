@@ -31,10 +31,10 @@ pub(super) async fn fleet_member(spec: &Spec, module: PathBuf, url: &str) -> Res
 /// (every host started) until the receipts count N. RSS: the largest host.
 pub(super) async fn fleet(spec: &Spec, hosts: usize) -> Result<Measured> {
     use std::io::{BufRead as _, Write as _};
-    let js = jetstream::new(async_nats::connect(&spec.nats).await?);
+    let js = jetstream_of(spec).await?;
     let payloads: Vec<String> = (0..spec.n).map(credit).collect();
     let row_db = RowDb::new(spec).await?;
-    stream_with(&js, spec.row, &payloads).await?;
+    stream_with_replicas(&js, spec.row, &payloads, spec.replicas).await?;
     let member = Spec {
         what: What::FleetMember {
             module: guests_dir().join("credit.wasm"),
@@ -117,6 +117,52 @@ pub(super) async fn fleet(spec: &Spec, hosts: usize) -> Result<Measured> {
         busy,
         ..Default::default()
     })
+}
+
+/// The scaling table: `fleet` rows of 1, 2 and 3 hosts made by `spec`
+/// (PostgreSQL, the Rust component, [`FLEET_CONCURRENCY`] each), after a
+/// row of B with confirmed acks at the hosts' combined concurrency for
+/// the broker's ceiling; `title` says where.
+pub(super) async fn scaling_table(
+    title: &str,
+    n: usize,
+    mut spec: impl FnMut(What, Db, usize) -> Spec,
+) -> Result<()> {
+    println!();
+    println!(
+        "Scaling{title}: host processes sharing one durable consumer, PostgreSQL, the Rust component, concurrency {FLEET_CONCURRENCY} each"
+    );
+    println!();
+    println!(
+        "| hosts | msg/s | ÷ 1 host | ÷ B | machine CPU busy | hosts' CPU ms per message | largest host RSS MiB |"
+    );
+    println!("|--:|--:|--:|--:|--:|--:|--:|");
+    let b = in_child(&spec(
+        What::Broker(Some(FLEET_CONCURRENCY)),
+        Db::Postgres,
+        FLEET_CONCURRENCY,
+    ))?;
+    println!(
+        "| B, confirmed ack, {FLEET_CONCURRENCY} at a time | {:.0} | - | - | - | - | {} |",
+        b.rate,
+        cell(b.rss_mib, 0)
+    );
+    let mut one = None;
+    for hosts in 1..=3 {
+        let s = spec(What::Database, Db::Postgres, FLEET_CONCURRENCY);
+        let m = fleet(&s, hosts).await?;
+        let base = *one.get_or_insert(m.rate);
+        println!(
+            "| {hosts} | {:.0} | {} | {} | {} | {} | {} |",
+            m.rate,
+            ratio(m.rate, Some(base)),
+            ratio(m.rate, Some(b.rate)),
+            m.busy.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
+            cell(m.cpu_s.map(|c| c * 1000.0 / n as f64), 2),
+            cell(m.rss_mib, 0)
+        );
+    }
+    Ok(())
 }
 
 /// This process's CPU time, user + system, in seconds (`/proc/self/stat`

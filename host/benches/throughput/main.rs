@@ -49,7 +49,10 @@
 //! - **Scaling** (a second table): 1, 2 and 3 host processes with the Rust
 //!   component, concurrency 8 each, share one durable consumer and one
 //!   PostgreSQL database; the time runs from when every host has started
-//!   until the receipts count N.
+//!   until the receipts count N. Next to them B with confirmed acks, 8 at
+//!   a time. `IDEM_BENCH_ONLY=cluster` runs this table alone on a private
+//!   3-node cluster (R3 streams, `sync_interval: always`, the hosts given
+//!   every server's URL).
 //!
 //! - **Outbox** (a third table): the `behave` test component publishing
 //!   one message per message through the outbox (then its credit), next
@@ -75,14 +78,17 @@ mod rows;
 
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::{self, consumer::pull};
-use fleet::{fleet, fleet_member};
+use fleet::{fleet_member, scaling_table};
 use futures::StreamExt as _;
 use idem::config::Config;
 use idem::service::{Host, RunMode};
 use idem::store::Database;
 use idem_test_support::{Nats, guests_dir, root};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use rows::{RowDb, broker, database, host, peak_rss_mib, start_host, stream_with, total_balance};
+use rows::{
+    RowDb, broker, database, host, jetstream_of, peak_rss_mib, start_host, stream_with,
+    stream_with_replicas, total_balance,
+};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -183,7 +189,10 @@ struct Spec {
     /// The handler's `batch` (host rows).
     batch: usize,
     n: usize,
+    /// The broker's URL, or its servers' separated by commas.
     nats: String,
+    /// Replicas of the row's stream (3 on the cluster).
+    replicas: usize,
     pg_admin: Option<String>,
     cache: PathBuf,
 }
@@ -317,6 +326,35 @@ async fn bench() -> Result<()> {
         .and_then(|n| n.parse().ok())
         .unwrap_or(4000);
     let cache = tempfile::tempdir()?;
+    let only = std::env::var("IDEM_BENCH_ONLY").ok();
+    let only = only.as_deref();
+    if only == Some("cluster") {
+        if pg_admin.is_none() {
+            bail!("the cluster table needs PostgreSQL");
+        }
+        let cluster = idem_test_support::NatsCluster::start(3).await;
+        let urls = cluster.urls();
+        let mut row = 0;
+        let on_cluster = |what: What, db: Db, concurrency: usize| {
+            row += 1;
+            Spec {
+                row,
+                what,
+                db,
+                concurrency,
+                batch: 1,
+                n,
+                nats: urls.clone(),
+                replicas: 3,
+                pg_admin: pg_admin.clone(),
+                cache: cache.path().to_owned(),
+            }
+        };
+        println!(
+            "{n} messages per row, a 3-node cluster on this machine (R3 stream, sync_interval: always)"
+        );
+        return scaling_table(" on a 3-node JetStream cluster", n, on_cluster).await;
+    }
     let mut row = 0;
     let mut spec = |what: What, db: Db, concurrency: usize| {
         row += 1;
@@ -328,6 +366,7 @@ async fn bench() -> Result<()> {
             batch: 1,
             n,
             nats: nats.url(),
+            replicas: 1,
             pg_admin: pg_admin.clone(),
             cache: cache.path().to_owned(),
         }
@@ -358,7 +397,7 @@ async fn bench() -> Result<()> {
     if pg_admin.is_some() {
         dbs.push(Db::Postgres);
     }
-    let only_outbox = std::env::var("IDEM_BENCH_ONLY").is_ok_and(|v| v == "outbox");
+    let only_outbox = only == Some("outbox");
     let skip = if only_outbox { dbs.len() } else { 0 };
     let mut duplicate_costs = Vec::new();
     let mut batch_gains = Vec::new();
@@ -516,29 +555,7 @@ async fn bench() -> Result<()> {
     }
     if pg_admin.is_some() && rust.exists() {
         eprintln!("throughput: scaling ...");
-        println!();
-        println!(
-            "Scaling: host processes sharing one durable consumer, PostgreSQL, the Rust component, concurrency {FLEET_CONCURRENCY} each"
-        );
-        println!();
-        println!(
-            "| hosts | msg/s | ÷ 1 host | machine CPU busy | hosts' CPU ms per message | largest host RSS MiB |"
-        );
-        println!("|--:|--:|--:|--:|--:|--:|");
-        let mut one = None;
-        for hosts in 1..=3 {
-            let s = spec(What::Database, Db::Postgres, FLEET_CONCURRENCY);
-            let m = fleet(&s, hosts).await?;
-            let base = *one.get_or_insert(m.rate);
-            println!(
-                "| {hosts} | {:.0} | {} | {} | {} | {} |",
-                m.rate,
-                ratio(m.rate, Some(base)),
-                m.busy.map_or("-".into(), |b| format!("{:.0} %", b * 100.0)),
-                cell(m.cpu_s.map(|c| c * 1000.0 / n as f64), 2),
-                cell(m.rss_mib, 0)
-            );
-        }
+        scaling_table("", n, &mut spec).await?;
     }
     Ok(())
 }

@@ -54,6 +54,17 @@ impl RowDb {
     }
 }
 
+/// A JetStream context on the row's server, or servers (`nats`: URLs
+/// separated by commas, as `[broker] url` takes them).
+pub(super) async fn jetstream_of(spec: &Spec) -> Result<jetstream::Context> {
+    let servers = spec
+        .nats
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(jetstream::new(async_nats::connect(servers).await?))
+}
+
 /// A stream `T<row>` on `t<row>.credit` holding `payloads`, published
 /// without `Nats-Msg-Id` (the broker keeps repeats); returns the subject.
 pub(super) async fn stream_with(
@@ -61,11 +72,22 @@ pub(super) async fn stream_with(
     row: usize,
     payloads: &[String],
 ) -> Result<String> {
+    stream_with_replicas(js, row, payloads, 1).await
+}
+
+/// [`stream_with`], the stream with `replicas` replicas (a cluster).
+pub(super) async fn stream_with_replicas(
+    js: &jetstream::Context,
+    row: usize,
+    payloads: &[String],
+    replicas: usize,
+) -> Result<String> {
     let subject = format!("t{row}.credit");
     js.create_stream(jetstream::stream::Config {
         name: format!("T{row}"),
         subjects: vec![subject.clone()],
         max_age: Duration::from_secs(7 * 24 * 3600),
+        num_replicas: replicas.max(1),
         ..Default::default()
     })
     .await?;
@@ -92,9 +114,9 @@ pub(super) async fn stream_with(
 /// **B**: a durable pull consumer takes the row's N messages, acking each
 /// plainly (`concurrency` None) or with a confirmed ack, that many at a time.
 pub(super) async fn broker(spec: &Spec, concurrency: Option<usize>) -> Result<Measured> {
-    let js = jetstream::new(async_nats::connect(&spec.nats).await?);
+    let js = jetstream_of(spec).await?;
     let payloads: Vec<String> = (0..spec.n).map(credit).collect();
-    stream_with(&js, spec.row, &payloads).await?;
+    stream_with_replicas(&js, spec.row, &payloads, spec.replicas).await?;
     let stream = js.get_stream(format!("T{}", spec.row)).await?;
     let consumer = stream
         .create_consumer(pull::Config {

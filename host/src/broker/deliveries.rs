@@ -3,12 +3,14 @@
 //! creating the consumer (and an owned stream) again when it is deleted
 //! under a running host (ARCHITECTURE.md, "Code map": broker).
 
+use super::liveness::Liveness;
 use super::pull_stream::{PullError, PullSettings, PullStream};
 use super::{Broker, PULL_EXPIRES, PULL_HEARTBEAT, ensure_consumer_from};
 use crate::backoff;
 use crate::config::HandlerConfig;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::{self, consumer::pull};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -51,6 +53,9 @@ pub struct Deliveries {
     ack_floor_read: tokio::time::Instant,
     /// An error item [`Deliveries::fill`] took, for the next pull to handle.
     failed: Option<PullError>,
+    /// What the server said to this handler's pull requests, across the
+    /// pull streams opened.
+    liveness: Arc<Liveness>,
 }
 
 /// How often [`Deliveries`] reads its consumer's ack floor again.
@@ -60,7 +65,8 @@ impl Deliveries {
     /// `pull_size`: messages requested per pull; keep it small enough that a
     /// full pull is processed well within `ack_wait`. `handler` and
     /// `max_ack_pending` are what [`super::ensure_consumer`] made `consumer` from,
-    /// to make it again if it is deleted.
+    /// to make it again if it is deleted. `liveness` is told what the
+    /// server says and what is asked of it.
     pub fn new(
         broker: &Broker,
         consumer: jetstream::consumer::Consumer<pull::Config>,
@@ -68,6 +74,7 @@ impl Deliveries {
         pull_size: usize,
         handler: &HandlerConfig,
         max_ack_pending: i64,
+        liveness: Arc<Liveness>,
     ) -> Self {
         let mut connections = broker.connections.clone();
         connections.mark_unchanged();
@@ -85,6 +92,7 @@ impl Deliveries {
             lost_since: None,
             unanswered_said: false,
             failed: None,
+            liveness,
         }
     }
 
@@ -94,6 +102,7 @@ impl Deliveries {
     /// `ack_wait`. The next [`Deliveries::next`] pulls again.
     pub fn pause(&mut self) {
         self.failed = None;
+        self.liveness.satisfied();
         if self.stream.take().is_some() {
             tracing::info!(handler = %self.handler.name, "fetching paused");
         }
@@ -223,7 +232,7 @@ impl Deliveries {
     pub async fn open(&mut self) -> Result<(), PullError> {
         if self.stream.is_none() {
             let info = self.consumer.cached_info();
-            let stream = PullStream::open(
+            let stream = PullStream::open_heard(
                 &self.js,
                 &info.stream_name,
                 &info.name,
@@ -232,6 +241,7 @@ impl Deliveries {
                     expires: PULL_EXPIRES,
                     heartbeat: PULL_HEARTBEAT,
                 },
+                self.liveness.clone(),
             )
             .await?;
             self.stream = Some(stream);
@@ -247,6 +257,7 @@ impl Deliveries {
     /// the server sent after this is redelivered after `ack_wait`.
     pub fn release_buffered(&mut self) -> Vec<jetstream::Message> {
         self.failed = None;
+        self.liveness.satisfied();
         self.stream
             .take()
             .map(PullStream::close)

@@ -29,6 +29,7 @@ pub mod clock;
 mod connect;
 mod deliveries;
 pub mod drift;
+pub mod liveness;
 mod pull_stream;
 pub mod unanswered;
 pub use connect::connect;
@@ -36,10 +37,25 @@ pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
 pub use pull_stream::{PullError, PullSettings, PullStream};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
-/// heartbeat when no messages flow; two missed ones surface as an error item).
-pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
-/// How long one pull request stays open on the server.
-pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// heartbeat when no messages flow; two missed ones surface as an error item
+/// and the request is sent again). Short, for a cluster: a request held by a
+/// consumer leader that died or lost an election is answered by nobody, and
+/// is found lost within two of these (nats.go and async-nats default to
+/// 15–30 s). A server sends one small message per interval per idle request.
+pub const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long one pull request stays open on the server (JetStream requires
+/// over twice the heartbeat). It bounds how long a request from a host that
+/// died without a word takes up one of the consumer's waiting requests.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(10);
+/// A handler whose pull requests heard nothing (no message, no heartbeat)
+/// for this long is not ready (`/readyz`): three heartbeats missed, one
+/// more than the pull stream needs to ask again.
+pub const SILENCE_NOT_READY: Duration = Duration::from_secs(6);
+/// How long a confirmed ack (or term) waits for the server's reply. The
+/// reply is only a hint (the receipt keeps the effect single): one that
+/// does not come (a consumer leader stepping down drops it) must not hold
+/// the delivery's concurrency slot for the JetStream context's 5 s.
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 
 /// A connection to the broker: the JetStream context, and a counter of
 /// (re)connections that [`Deliveries`] watches to start a fresh pull after a
@@ -330,17 +346,34 @@ pub enum Settlement {
 ///
 /// # Errors
 /// The client's error when the request could not be sent or (for the
-/// confirmed kinds) was not answered.
+/// confirmed kinds) was not answered within [`CONFIRM_WAIT`].
 pub async fn settle(
     msg: &jetstream::Message,
     settlement: Settlement,
 ) -> Result<(), async_nats::Error> {
     match settlement {
-        Settlement::Ack => msg.double_ack().await,
+        Settlement::Ack => confirmed(msg.double_ack()).await,
         Settlement::Nak(delay) => msg.ack_with(AckKind::Nak(Some(delay))).await,
         Settlement::Release => msg.ack_with(AckKind::Nak(None)).await,
-        Settlement::Term => msg.double_ack_with(AckKind::Term).await,
+        Settlement::Term => confirmed(msg.double_ack_with(AckKind::Term)).await,
     }
+}
+
+/// `reply`, or a timeout error once [`CONFIRM_WAIT`] has passed.
+async fn confirmed(
+    reply: impl std::future::Future<Output = Result<(), async_nats::Error>>,
+) -> Result<(), async_nats::Error> {
+    tokio::time::timeout(CONFIRM_WAIT, reply)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the server did not confirm within {}s",
+                    CONFIRM_WAIT.as_secs()
+                ),
+            )))
+        })
 }
 
 /// Tells the server the message is still being worked on (resets `ack_wait`).

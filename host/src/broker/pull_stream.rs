@@ -27,6 +27,7 @@
 //! `max_waiting`) is found by the silence: no message and no heartbeat for
 //! two heartbeat intervals.
 
+use super::liveness::Liveness;
 use async_nats::jetstream;
 use async_nats::{StatusCode, Subscriber};
 use futures::StreamExt;
@@ -122,6 +123,22 @@ impl PullStream {
         consumer: &str,
         settings: PullSettings,
     ) -> Result<Self, PullError> {
+        Self::open_heard(js, stream, consumer, settings, Arc::default()).await
+    }
+
+    /// [`PullStream::open`], telling `liveness` what the server says and
+    /// what is asked of it (a handler keeps one across the pull streams it
+    /// opens, so a silence that outlives a stream keeps counting).
+    ///
+    /// # Errors
+    /// As [`PullStream::open`].
+    pub async fn open_heard(
+        js: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+        settings: PullSettings,
+        liveness: Arc<Liveness>,
+    ) -> Result<Self, PullError> {
         let client = js.client();
         let inbox = client.new_inbox();
         let subscriber = client
@@ -139,6 +156,7 @@ impl PullStream {
             buffered: Arc::new(AtomicUsize::new(0)),
             taken: Arc::new(Notify::new()),
             not_before: tokio::time::Instant::now(),
+            liveness,
         };
         puller.request().await?;
         let (tx, items) = mpsc::unbounded_channel();
@@ -220,6 +238,8 @@ struct Puller {
     taken: Arc<Notify>,
     /// No request goes out before this (see [`REFUSED_PAUSE`]).
     not_before: tokio::time::Instant,
+    /// Told of every word from the server and every request.
+    liveness: Arc<Liveness>,
 }
 
 /// How long the next pull request waits after the server ended one early
@@ -240,7 +260,9 @@ impl Puller {
             .map_err(|e| {
                 self.outstanding = self.outstanding.saturating_sub(self.settings.size.max(1));
                 PullError::Other(format!("cannot send a pull request: {e}"))
-            })
+            })?;
+        self.liveness.waiting();
+        Ok(())
     }
 
     /// Whether at most half a request is buffered or still to come.
@@ -318,9 +340,13 @@ impl Puller {
         &mut self,
         msg: async_nats::Message,
     ) -> Result<Option<jetstream::Message>, PullError> {
+        self.liveness.heard();
         match msg.status {
             None | Some(StatusCode::OK) => {
                 self.outstanding = self.outstanding.saturating_sub(1);
+                if self.outstanding == 0 {
+                    self.liveness.satisfied();
+                }
                 Ok(Some(jetstream::Message {
                     message: msg,
                     context: self.context.clone(),
@@ -341,6 +367,13 @@ impl Puller {
                     // change): the next request waits a little, so a
                     // refusal that repeats is not a busy loop.
                     self.not_before = tokio::time::Instant::now() + REFUSED_PAUSE;
+                    if description == "Leadership Change" {
+                        // The consumer's leader stepped down: its requests
+                        // end here, and the next goes to the new leader.
+                        tracing::info!(subject = %self.subject, "the consumer's leader changed (409 Leadership Change); pulling from the new leader");
+                    } else {
+                        tracing::debug!(subject = %self.subject, reason = %crate::log_format::escape(&description), "the server ended a pull request early (409); pulling again");
+                    }
                 }
                 // What was left of the request that ended; all of it when
                 // the server does not say.
@@ -351,6 +384,9 @@ impl Puller {
                     .and_then(|v| v.as_str().parse().ok())
                     .unwrap_or(self.settings.size.max(1));
                 self.outstanding = self.outstanding.saturating_sub(left);
+                if self.outstanding == 0 {
+                    self.liveness.satisfied();
+                }
                 Ok(None)
             }
             Some(StatusCode::NO_RESPONDERS) => Err(PullError::NoResponders),

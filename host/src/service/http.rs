@@ -29,17 +29,28 @@ pub struct Readiness {
     pub broker: async_nats::Client,
     /// The host's database gate: down while the database is unavailable.
     pub gate: Arc<crate::pipeline::db_gate::DbGate>,
-    /// Each handler's name and whether it is consuming (its loop runs).
-    pub handlers: Vec<(Arc<str>, Arc<AtomicBool>)>,
+    /// Each handler's consuming loop and pull requests.
+    pub handlers: Vec<HandlerReadiness>,
     /// Cancelled on shutdown (the token given to
     /// [`crate::service::Host::run`]) or when the host stops by itself.
     pub stopping: Vec<CancellationToken>,
 }
 
+/// What `/readyz` reads of one handler.
+pub struct HandlerReadiness {
+    /// The handler's name.
+    pub name: Arc<str>,
+    /// Set once its consuming loop runs.
+    pub consuming: Arc<AtomicBool>,
+    /// What JetStream said to its pull requests.
+    pub liveness: Arc<crate::broker::liveness::Liveness>,
+}
+
 impl Readiness {
     /// `None` when ready, else the one reason it is not (the first of:
     /// shutting down, broker disconnected, database unavailable, a handler
-    /// not consuming yet).
+    /// not consuming yet, a handler whose pull requests heard nothing from
+    /// JetStream for [`crate::broker::SILENCE_NOT_READY`] or more).
     pub fn not_ready(&self) -> Option<String> {
         if self.stopping.iter().any(CancellationToken::is_cancelled) {
             return Some("shutting down".into());
@@ -50,10 +61,26 @@ impl Readiness {
         if !self.gate.is_up() {
             return Some("database unavailable".into());
         }
-        self.handlers
-            .iter()
-            .find(|(_, consuming)| !consuming.load(Relaxed))
-            .map(|(name, _)| format!("handler `{name}` is not consuming yet"))
+        if let Some(h) = self.handlers.iter().find(|h| !h.consuming.load(Relaxed)) {
+            return Some(format!("handler `{}` is not consuming yet", h.name));
+        }
+        self.handlers.iter().find_map(|h| {
+            let silence = h.liveness.silence();
+            (silence >= crate::broker::SILENCE_NOT_READY).then(|| {
+                format!(
+                    "handler `{}`: JetStream has not answered its pull requests for {}s (no message, no heartbeat)",
+                    h.name,
+                    silence.as_secs()
+                )
+            })
+        })
+    }
+
+    /// Sets `idem_consumer_silence_seconds` of every handler to its silence now.
+    fn set_silence_gauges(&self) {
+        for h in &self.handlers {
+            crate::metrics::set_consumer_silence(&h.name, h.liveness.silence());
+        }
     }
 }
 
@@ -149,8 +176,12 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// The recorder's metrics, then `idem_handler_info` ([`crate::runtime::handler_info`]).
+/// The recorder's metrics (the silence gauges set first, so they are of
+/// this moment), then `idem_handler_info` ([`crate::runtime::handler_info`]).
 async fn render(State(shared): State<Arc<Shared>>) -> Response {
+    if let Some(ready) = shared.ready.get() {
+        ready.set_silence_gauges();
+    }
     let mut body = shared.metrics.render();
     crate::runtime::handler_info::render(&mut body);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()

@@ -62,6 +62,9 @@ struct RunningHandler {
     stream_created: time::OffsetDateTime,
     /// Set once its consuming loop runs (`/readyz`).
     consuming: Arc<AtomicBool>,
+    /// What the server said to its pull requests (`/readyz`,
+    /// `idem_consumer_silence_seconds`).
+    liveness: Arc<broker::liveness::Liveness>,
 }
 
 /// How often the consumer and receipt gauges are read again while the
@@ -122,7 +125,11 @@ impl Host {
             handlers: self
                 .handlers
                 .iter()
-                .map(|h| (h.pipeline.name().clone(), h.consuming.clone()))
+                .map(|h| crate::service::http::HandlerReadiness {
+                    name: h.pipeline.name().clone(),
+                    consuming: h.consuming.clone(),
+                    liveness: h.liveness.clone(),
+                })
                 .collect(),
             stopping: vec![shutdown, self.stop.clone()],
         }

@@ -39,6 +39,7 @@ impl Host {
                     h.pipeline.config().pull_size(),
                     h.pipeline.config(),
                     MAX_ACK_PENDING,
+                    h.liveness.clone(),
                 ),
                 self.gate.clone(),
                 stop.clone(),

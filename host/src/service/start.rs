@@ -135,6 +135,7 @@ impl Host {
                 consumer,
                 stream_created,
                 consuming: Arc::default(),
+                liveness: Arc::default(),
             });
         }
         // After every handler's stream exists: a handler may publish to
