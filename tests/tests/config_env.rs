@@ -208,7 +208,7 @@ fn every_problem_is_one_line() {
         "idem: invalid environment variable IDEM_DATABASE__NOPE: [database] has no key `nope`; unset it or use one of IDEM_DATABASE__URL, IDEM_DATABASE__MAX_CONNECTIONS, IDEM_DATABASE__PASSWORD_FILE, IDEM_DATABASE__ACCEPT_NON_DURABLE_COMMIT".to_owned(),
         format!("idem: invalid config {p}: [database] max_connections: expected u32, found string \"four\""),
         "idem: invalid environment variable IDEM_SERVICE__SHUTDOWN_GRACE: [service] shutdown_grace: expected a duration, found string \"soon\"".to_owned(),
-        format!("idem: invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `stream_replicas`, `identity`, `tables`, `publish`, `endpoints`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `batch`, `batch_linger`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `max_outbox_calls`, `max_outbox_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"),
+        format!("idem: invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `stream_replicas`, `identity`, `tables`, `publish`, `endpoints`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `batch`, `batch_linger`, `order_key`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `max_outbox_calls`, `max_outbox_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"),
     ];
     expected.sort();
     assert_eq!(lines, expected);

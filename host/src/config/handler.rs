@@ -91,6 +91,18 @@ pub struct HandlerConfig {
     /// 5 ms; less than half of `ack_wait`, and at most 10 s.
     #[serde(default = "default_batch_linger", with = "humantime_serde")]
     pub batch_linger: Duration,
+    /// Key lanes (ARCHITECTURE.md, "Key lanes"): where a message's ordering
+    /// key is read from, in the form of `identity` (`json:/pointer` or
+    /// `header:NAME`). Within a host, the messages of one key run one at a
+    /// time and in stream order, different keys in parallel up to
+    /// `concurrency`. A message without the key runs unordered. Unset
+    /// (default): no order is kept. Only with `batch = 1`.
+    #[serde(
+        default,
+        serialize_with = "display_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub order_key: Option<OrderKey>,
     /// Most messages requested per pull (the pull size; the key keeps its
     /// name, `batch` is messages per transaction). Default 16; lowered at start so a
     /// buffered message cannot wait past `ack_wait`, never below 2
@@ -270,6 +282,48 @@ impl std::fmt::Display for IdentityRule {
             IdentityRule::Header(name) => write!(f, "header:{name}"),
             IdentityRule::JsonPointer(ptr) => write!(f, "json:{ptr}"),
         }
+    }
+}
+
+/// Where a message's ordering key (`order_key`) is read from: the forms of
+/// [`IdentityRule`], the key compared byte for byte as an identity is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderKey(pub IdentityRule);
+
+impl std::str::FromStr for OrderKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.parse::<IdentityRule>() {
+            Ok(rule) => Ok(OrderKey(rule)),
+            Err(_) => Err(format!(
+                "order_key `{s}` must be `json:/pointer` (e.g. json:/account_id) or `header:NAME`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for OrderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for OrderKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// [`display`] of an optional value (`None` is left out by the field's
+/// `skip_serializing_if`).
+fn display_opt<T: std::fmt::Display, S: serde::Serializer>(
+    v: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
     }
 }
 

@@ -401,6 +401,12 @@ impl Config {
                     h.name
                 ));
             }
+            if h.order_key.is_some() && h.batch > 1 {
+                problems.push(format!(
+                    "handler `{}`: order_key needs batch = 1 (key lanes run one message per transaction); remove batch or order_key",
+                    h.name
+                ));
+            }
             if h.batch_linger >= h.ack_wait / 2 {
                 problems.push(format!(
                     "handler `{}`: batch_linger must be less than half of ack_wait (the first message of a batch waits that long before it is kept in progress)",
@@ -579,6 +585,40 @@ ack_wait = "10s"
         ] {
             assert_eq!(parse(&format!("{OK}{bad}\n")).unwrap_err(), err, "{bad}");
         }
+    }
+
+    #[test]
+    fn order_key_reads_like_an_identity_and_needs_batch_one() {
+        use crate::config::handler::OrderKey;
+        let h = parse(OK).unwrap().handlers.remove(0);
+        assert_eq!(h.order_key, None);
+        let h = parse(&format!("{OK}order_key = \"json:/account_id\"\n"))
+            .unwrap()
+            .handlers
+            .remove(0);
+        assert_eq!(
+            h.order_key,
+            Some(OrderKey(IdentityRule::JsonPointer("/account_id".into())))
+        );
+        let h = parse(&format!("{OK}order_key = \"header:Account\"\n"))
+            .unwrap()
+            .handlers
+            .remove(0);
+        assert_eq!(
+            h.order_key,
+            Some(OrderKey(IdentityRule::Header("Account".into())))
+        );
+        assert_eq!(
+            parse(&format!("{OK}order_key = \"json:/a\"\nbatch = 16\n")).unwrap_err(),
+            "handler `credit-projector`: order_key needs batch = 1 (key lanes run one message per transaction); remove batch or order_key"
+        );
+        let err = parse(&format!("{OK}order_key = \"account_id\"\n")).unwrap_err();
+        assert!(
+            err.contains(
+                "order_key `account_id` must be `json:/pointer` (e.g. json:/account_id) or `header:NAME`"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

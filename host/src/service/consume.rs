@@ -108,7 +108,7 @@ pub(super) struct Lost {
 
 impl Lost {
     /// `handler`'s consumer is gone for good: says so, and stops the host.
-    fn consumer_gone(&self, handler: &str, e: broker::ConsumerLost) {
+    pub(super) fn consumer_gone(&self, handler: &str, e: broker::ConsumerLost) {
         tracing::error!(%handler, error = %e, "stopping the host: the durable consumer is gone and cannot be created again");
         let _ = self.failure.set(e.0);
         self.stop.cancel();

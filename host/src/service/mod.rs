@@ -9,7 +9,9 @@
 //! (ARCHITECTURE.md, "Shutdown").
 
 mod consume;
+mod consume_ordered;
 pub mod http;
+mod key_lanes;
 mod run;
 pub mod shutdown;
 mod start;

@@ -2,6 +2,7 @@
 //! wait for the stop (or the drain), and the stop in order.
 
 use super::consume::{Lost, Stopping, consume};
+use super::consume_ordered::consume_ordered;
 use super::tasks::{GaugeTarget, read_clocks_forever, refresh_gauges_forever, wait_drained};
 use super::{Host, MAX_ACK_PENDING, RunMode, Summary, report_stats_forever};
 use crate::broker::Deliveries;
@@ -30,29 +31,46 @@ impl Host {
         for h in &self.handlers {
             let (ready, consumes) = tokio::sync::oneshot::channel();
             consuming.push(consumes);
-            tasks.push(tokio::spawn(consume(
-                h.pipeline.clone(),
-                Deliveries::new(
-                    &self.nats,
-                    h.consumer.clone(),
-                    h.stream_created,
-                    h.pipeline.config().pull_size(),
-                    h.pipeline.config(),
-                    MAX_ACK_PENDING,
-                    h.liveness.clone(),
-                ),
-                self.gate.clone(),
-                stop.clone(),
-                h.consuming.clone(),
-                Lost {
-                    stop: stop.clone(),
-                    failure: self.failure.clone(),
-                },
-                Stopping {
-                    grace: self.grace,
-                    ready,
-                },
-            )));
+            let deliveries = Deliveries::new(
+                &self.nats,
+                h.consumer.clone(),
+                h.stream_created,
+                h.pipeline.config().pull_size(),
+                h.pipeline.config(),
+                MAX_ACK_PENDING,
+                h.liveness.clone(),
+            );
+            let lost = Lost {
+                stop: stop.clone(),
+                failure: self.failure.clone(),
+            };
+            let stopping = Stopping {
+                grace: self.grace,
+                ready,
+            };
+            let (pipeline, gate, consuming) =
+                (h.pipeline.clone(), self.gate.clone(), h.consuming.clone());
+            tasks.push(match h.pipeline.config().order_key.clone() {
+                None => tokio::spawn(consume(
+                    pipeline,
+                    deliveries,
+                    gate,
+                    stop.clone(),
+                    consuming,
+                    lost,
+                    stopping,
+                )),
+                Some(key) => tokio::spawn(consume_ordered(
+                    pipeline,
+                    deliveries,
+                    gate,
+                    stop.clone(),
+                    consuming,
+                    lost,
+                    stopping,
+                    key.0,
+                )),
+            });
         }
         let watches = self.watch_modules();
         let deploy_tasks = self.follow_deployments();

@@ -130,7 +130,7 @@ pub async fn wind_down(
 
 /// Naks `msg` without delay ([`Settlement::Release`]); a failure leaves it
 /// to `ack_wait`.
-async fn give_back(handler: &str, msg: &Message) {
+pub async fn give_back(handler: &str, msg: &Message) {
     if let Err(e) = broker::settle(msg, Settlement::Release).await {
         tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");
     }

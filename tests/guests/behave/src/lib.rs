@@ -15,6 +15,10 @@
 //! - `log` `{bytes, lines?}`: logs `lines` lines (default 1) of `bytes` bytes each.
 //! - `retry-once-then-credit` `{account_id, amount}`: retries on the first
 //!   delivery, credits on later ones.
+//! - `version` `{key, version, retry_first?}`: sets `accounts.balance` of
+//!   `account_id = key` to `version` when it follows the row's (1 makes the
+//!   row), else rejects as out of order; retries the first delivery when
+//!   `retry_first`.
 //! - `credit-then-loop-once` `{account_id, amount}`: credits, then on the
 //!   first delivery spins (until the host's deadline, or until the host
 //!   drops the call at the end of its shutdown grace); on later deliveries
@@ -199,6 +203,34 @@ fn recurse(depth: u64, shadow: bool) -> u64 {
     }
 }
 
+/// `version`: the row of `account_id = key` goes to `version`, which must
+/// follow the row's (1 makes the row); anything else rejects as out of
+/// order. `retry_first`: retries on the first delivery.
+fn version(p: &Json, msg: &Message) -> Result<(), HandlerError> {
+    let (key, v) = (int(p, "key")?, int(p, "version")?);
+    if p.get("retry_first").and_then(Json::as_bool) == Some(true) && msg.delivery_count <= 1 {
+        return Err(HandlerError::retry("first delivery"));
+    }
+    let changed = if v == 1 {
+        tx::execute(
+            "INSERT INTO accounts (account_id, balance) VALUES ($1, 1) ON CONFLICT (account_id) DO NOTHING",
+            params![key],
+        )?
+    } else {
+        tx::execute(
+            "UPDATE accounts SET balance = $2 WHERE account_id = $1 AND balance = $3",
+            params![key, v, v - 1],
+        )?
+    };
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(HandlerError::reject(format!(
+            "out of order: version {v} of key {key} does not follow its row"
+        )))
+    }
+}
+
 fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
     let reason = || {
         p.get("reason")
@@ -307,6 +339,7 @@ fn behave(p: &Json, msg: &Message) -> Result<(), HandlerError> {
                 credit(p)
             }
         }
+        "version" => version(p, msg),
         other => Err(HandlerError::reject(format!(
             "bad payload: unknown op `{other}`"
         ))),
