@@ -10,10 +10,20 @@
 //! every original. Every key ends at version 10, no message was
 //! dead-lettered (the guest never saw one out of order), every copy was a
 //! duplicate, and the receipts are exactly the 2,000 updates.
+//!
+//! The same workload through a stop and a kill: a host process is stopped
+//! (SIGTERM) once 500 updates are applied, the next one SIGKILLed at 1,200,
+//! a third finishes. What waited in the first host's lanes is given back in
+//! stream order; the host after the kill finds deliveries out and waits
+//! `ack_wait` for what the killed host held to come back before it pulls
+//! anything newer. Every key still ends at its last version with no dead
+//! letter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use idem_tests::chaos::{HostProcess, Probe};
 use idem_tests::*;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 const HANDLER: &str = "versions";
 const KEYS: i64 = 200;
@@ -31,23 +41,10 @@ fn update(key: i64, version: i64) -> String {
     .to_string()
 }
 
-async fn keys_keep_their_order(backend: Backend) {
-    let nats = Nats::start();
-    let db = TestDb::new(backend).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = HandlerSpec::new(HANDLER, "behave");
-    spec.extra
-        .push_str("order_key = \"json:/key\"\nconcurrency = 8\nmax_deliver = 3\n");
-    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &cfg,
-        text.replace("max_connections = 4", "max_connections = 10"),
-    )
-    .unwrap();
-    let host = RunningHost::start(&cfg).await;
-    let js = nats.jetstream().await;
-    // Blocks of ten keys: each key's next version is ten messages on.
+/// Publishes the workload: blocks of ten keys, so that each key's next
+/// version is ten messages on; then the copies. Returns how many updates
+/// retry on their first delivery.
+async fn publish_workload(js: &async_nats::jetstream::Context) -> u64 {
     let mut retried = 0;
     for block in 0..KEYS / 10 {
         for version in 1..=VERSIONS {
@@ -55,14 +52,41 @@ async fn keys_keep_their_order(backend: Backend) {
                 if (key * VERSIONS + version) % 20 == 7 {
                     retried += 1;
                 }
-                publish(&js, "accounts.credit", &update(key, version), &[]).await;
+                publish(js, "accounts.credit", &update(key, version), &[]).await;
             }
         }
     }
     for i in 0..COPIES {
         let (key, version) = (i * 2 % KEYS, i % VERSIONS + 1);
-        publish(&js, "accounts.credit", &update(key, version), &[]).await;
+        publish(js, "accounts.credit", &update(key, version), &[]).await;
     }
+    retried
+}
+
+/// The handler with key lanes, `concurrency = 8`, and `extra` lines.
+fn config(dir: &Path, nats: &Nats, db: &TestDb, extra: &str) -> std::path::PathBuf {
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.extra.push_str(&format!(
+        "order_key = \"json:/key\"\nconcurrency = 8\nmax_deliver = 3\n{extra}"
+    ));
+    let cfg = write_config(dir, nats, db, &[spec]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("max_connections = 4", "max_connections = 10"),
+    )
+    .unwrap();
+    cfg
+}
+
+async fn keys_keep_their_order(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &nats, &db, "");
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    let retried = publish_workload(&js).await;
     let total = (KEYS * VERSIONS + COPIES) as u64;
     let s = host
         .wait_for_within(
@@ -85,3 +109,83 @@ async fn keys_keep_their_order(backend: Backend) {
     host.stop().await;
 }
 on_both_databases!(keys_keep_their_order, keys_keep_their_order);
+
+fn host_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_idem-test-host"))
+}
+
+/// Waits until `n` updates are applied (the host must stay up; 120 s at most).
+async fn until_applied(probe: &Probe, host: &mut HostProcess, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if probe.receipts(HANDLER).await.unwrap_or(0) >= n {
+            return;
+        }
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "not {n} applied; log:\n{}",
+            std::fs::read_to_string(&host.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn order_holds_through_a_stop_and_a_kill(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        &nats,
+        &db,
+        "ack_wait = \"4s\"\ndeadline = \"2s\"\n",
+    );
+    let probe = Probe::new(&db);
+    let mut first = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "first");
+    let started = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&first.log)
+        .unwrap_or_default()
+        .contains("every handler is consuming")
+    {
+        assert!(
+            first.exited().is_none() && Instant::now() < started,
+            "the host did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let js = nats.jetstream().await;
+    publish_workload(&js).await;
+    until_applied(&probe, &mut first, 500).await;
+    let ended = first.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    let log = std::fs::read_to_string(dir.path().join("first.log")).unwrap();
+    assert!(
+        log.contains("messages waiting in key lanes are given back"),
+        "the stop found no message waiting in a lane; log:\n{log}"
+    );
+    let mut second = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "second");
+    until_applied(&probe, &mut second, 1200).await;
+    second.sigkill();
+    let mut third = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "third");
+    until_applied(&probe, &mut third, KEYS * VERSIONS).await;
+    let third_log = std::fs::read_to_string(&third.log).unwrap();
+    assert!(
+        third_log.contains("deliveries of the consumer are out and not acked; waiting"),
+        "the host after the kill did not wait for what the killed one held; log:\n{third_log}"
+    );
+    assert_eq!(
+        db.dead_letters(HANDLER).await,
+        vec![],
+        "first host's log:\n{log}"
+    );
+    for key in 0..KEYS {
+        assert_eq!(db.balance(key).await, Some(VERSIONS), "key {key}");
+    }
+    assert_eq!(db.receipts(HANDLER).await, KEYS * VERSIONS);
+    let ended = third.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+}
+on_both_databases!(
+    order_holds_through_a_stop_and_a_kill,
+    order_holds_through_a_stop_and_a_kill
+);

@@ -96,6 +96,16 @@ impl Deliveries {
         }
     }
 
+    /// Deliveries of this consumer out and not yet acked (`num_ack_pending`),
+    /// to this host or any other, as the broker reports them now.
+    ///
+    /// # Errors
+    /// The consumer info could not be read (the broker did not answer).
+    pub async fn ack_pending(&mut self) -> anyhow::Result<u64> {
+        let info = self.consumer.info().await?;
+        Ok(info.num_ack_pending as u64)
+    }
+
     /// Drops the open pull request, so the server sends this host nothing
     /// while it cannot process (the database is down). Messages already
     /// buffered here are not acked: the server redelivers them after

@@ -3,12 +3,15 @@
 //! it may run; up to `concurrency` run at once, each in a task of its own
 //! that reports how it ended. Messages waiting in a lane are kept in
 //! progress (`+WPI`, every third of `ack_wait`) so that waiting does not
-//! count as deliveries; at stop they are given back with the fetched ones,
-//! then [`shutdown::wind_down`].
+//! count as deliveries; at stop, once the deliveries in flight ended, they
+//! are given back with the fetched and the abandoned ones in stream order
+//! ([`shutdown::wind_down_as`]), so the next host gets them in that order.
+//! A host that starts while deliveries are out (a host before it died
+//! holding them) first lets them come back ([`start_fence`]).
 
 use super::consume::{Lost, Stopping};
 use super::key_lanes::{Ended, KeyLanes};
-use super::shutdown::{self, InFlight};
+use super::shutdown::{self, GiveBack, InFlight};
 use crate::broker::{self, Deliveries};
 use crate::config::IdentityRule;
 use crate::pipeline::db_gate::DbGate;
@@ -55,10 +58,38 @@ pub(super) async fn consume_ordered(
         done: done_tx,
     };
     let mut ready = Some(stopping.ready);
+    let Some(out) = start_fence(&pipeline, &mut deliveries, &stop).await else {
+        shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
+        return;
+    };
     if deliveries.open().await.is_ok()
         && let Some(ready) = ready.take()
     {
         let _ = ready.send(());
+    }
+    if out > 0 {
+        // What came back first is admitted in stream order, however the
+        // broker's redeliveries were ordered among themselves.
+        let mut first = Vec::new();
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => {}
+            () = deliveries.fill(&mut first, out, GATHER_LINGER) => {}
+        }
+        first.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
+        for msg in first {
+            let key =
+                crate::pipeline::message_id::extract(&rule, msg.headers.as_ref(), &msg.payload)
+                    .ok();
+            match (key, msg.info().map(|i| i.stream_sequence).ok()) {
+                (Some(key), Some(seq)) => {
+                    if let Some(now) = lanes.arrived(&key, seq, msg) {
+                        run.spawn(&mut in_flight, now, Some(key), None);
+                    }
+                }
+                _ => run.spawn(&mut in_flight, msg, None, None),
+            }
+        }
     }
     let mut permit: Option<OwnedSemaphorePermit> = None;
     loop {
@@ -123,14 +154,52 @@ pub(super) async fn consume_ordered(
             }
         }
     }
-    let held = lanes.held_count();
-    for msg in lanes.take_held() {
-        shutdown::give_back(pipeline.name(), &msg).await;
+    let held = lanes.take_held();
+    if !held.is_empty() {
+        tracing::info!(handler = %pipeline.name(), held = held.len(), "stopping: {} messages waiting in key lanes are given back once the deliveries in flight end", held.len());
     }
-    if held > 0 {
-        tracing::info!(handler = %pipeline.name(), held, "stopping: {held} messages waiting in key lanes given back");
+    shutdown::wind_down_as(
+        pipeline.name(),
+        &mut deliveries,
+        in_flight,
+        stopping.grace,
+        GiveBack::InStreamOrder(held),
+    )
+    .await;
+}
+
+/// How long the first pull after a [`start_fence`] may take to bring back
+/// the deliveries that were out, before the lanes take them in order.
+const GATHER_LINGER: Duration = Duration::from_secs(2);
+
+/// Before the first pull: when deliveries of the consumer are out and not
+/// acked (a host that died held them, or another host runs them), waits
+/// `ack_wait` and a second, so that those a dead host held are back in the
+/// broker's redelivery queue, which it serves before any new message,
+/// sorted by sequence (nats-server `consumer.go`, `checkPending`). Without
+/// it, messages published after them would reach this host first and run
+/// before them. Returns how many were out (0: none, nothing waited), or
+/// `None` when the host stopped meanwhile.
+async fn start_fence(
+    pipeline: &Pipeline,
+    deliveries: &mut Deliveries,
+    stop: &CancellationToken,
+) -> Option<usize> {
+    let ack_wait = pipeline.config().ack_wait;
+    let out = match deliveries.ack_pending().await {
+        Ok(0) => return Some(0),
+        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        // Not known: wait as if some were out.
+        Err(_) => 1,
+    };
+    let wait = ack_wait + Duration::from_secs(1);
+    tracing::info!(handler = %pipeline.name(), out, "key lanes: {out} deliveries of the consumer are out and not acked; waiting {} for them to come back first, so they run before later messages of their keys", humantime::format_duration(wait));
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        // No more can be out than the consumer's `max_ack_pending`.
+        () = tokio::time::sleep(wait) => Some(out.min(usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX))),
     }
-    shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
 }
 
 /// `sleep_until(at)`, or pending for ever when `at` is `None`.

@@ -74,20 +74,56 @@ impl InFlight {
 pub async fn wind_down(
     handler: &str,
     deliveries: &mut Deliveries,
-    mut in_flight: InFlight,
+    in_flight: InFlight,
     grace: Duration,
 ) -> usize {
+    wind_down_as(handler, deliveries, in_flight, grace, GiveBack::AtOnce).await
+}
+
+/// When [`wind_down_as`] gives back what it did not run.
+pub enum GiveBack {
+    /// The fetched messages at once (another host takes them while the
+    /// deliveries in flight finish), the abandoned ones after the grace.
+    AtOnce,
+    /// Everything after the deliveries in flight ended, in stream order:
+    /// the fetched messages, these `held` ones (waiting in key lanes) and
+    /// the abandoned ones together, sorted by stream sequence, so the broker
+    /// delivers them again in the order of the stream: a nak without delay
+    /// queues the message for redelivery in the order the naks arrive
+    /// (nats-server `consumer.go`: `addToRedeliverQueue` appends,
+    /// `getNextToRedeliver` takes the first), ahead of new messages.
+    InStreamOrder(Vec<Message>),
+}
+
+/// [`wind_down`], giving back as `give_back` says.
+pub async fn wind_down_as(
+    handler: &str,
+    deliveries: &mut Deliveries,
+    mut in_flight: InFlight,
+    grace: Duration,
+    give_back_as: GiveBack,
+) -> usize {
     let released = deliveries.release_buffered();
-    for msg in &released {
-        give_back(handler, msg).await;
-    }
+    let fetched = released.len();
+    let mut later = match give_back_as {
+        GiveBack::AtOnce => {
+            for msg in &released {
+                give_back(handler, msg).await;
+            }
+            None
+        }
+        GiveBack::InStreamOrder(mut held) => {
+            held.extend(released);
+            Some(held)
+        }
+    };
     in_flight.reap(handler);
     tracing::info!(
         %handler,
-        released = released.len(),
+        released = fetched,
         in_flight = in_flight.len(),
         "stopping: fetching stopped, {} fetched messages given back, {} in flight, grace {}",
-        released.len(),
+        fetched,
         in_flight.len(),
         humantime::format_duration(grace)
     );
@@ -98,22 +134,32 @@ pub async fn wind_down(
             Ok(None) | Err(_) => break,
         }
     }
-    if in_flight.is_empty() {
-        tracing::info!(%handler, "stopped: every delivery in flight finished");
-        return 0;
+    let mut abandoned = 0;
+    if !in_flight.is_empty() {
+        in_flight.tasks.abort_all();
+        while let Some(done) = in_flight.tasks.join_next_with_id().await {
+            in_flight.finished(handler, done);
+        }
+        let unsettled: Vec<Message> = in_flight
+            .messages
+            .values()
+            .flat_map(Unsettled::take)
+            .collect();
+        abandoned = unsettled.len();
+        match later.as_mut() {
+            Some(later) => later.extend(unsettled),
+            None => {
+                for msg in &unsettled {
+                    give_back(handler, msg).await;
+                }
+            }
+        }
     }
-    in_flight.tasks.abort_all();
-    while let Some(done) = in_flight.tasks.join_next_with_id().await {
-        in_flight.finished(handler, done);
-    }
-    let unsettled: Vec<Message> = in_flight
-        .messages
-        .values()
-        .flat_map(Unsettled::take)
-        .collect();
-    let abandoned = unsettled.len();
-    for msg in &unsettled {
-        give_back(handler, msg).await;
+    if let Some(mut later) = later {
+        later.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
+        for msg in &later {
+            give_back(handler, msg).await;
+        }
     }
     if abandoned > 0 {
         tracing::warn!(
@@ -130,7 +176,7 @@ pub async fn wind_down(
 
 /// Naks `msg` without delay ([`Settlement::Release`]); a failure leaves it
 /// to `ack_wait`.
-pub async fn give_back(handler: &str, msg: &Message) {
+async fn give_back(handler: &str, msg: &Message) {
     if let Err(e) = broker::settle(msg, Settlement::Release).await {
         tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");
     }
