@@ -33,6 +33,10 @@
 //!   `deadline = "2s"`, so that a pull brings a whole batch);
 //!   below the table, the batched Rust rate over the unbatched one and over
 //!   B with plain acks.
+//! - **key lanes** (Rust): `order_key = "json:/account_id"` (the credits
+//!   spread over 1,000 accounts), so every message goes through its
+//!   account's lane. `IDEM_BENCH_ONLY=lanes` runs B, D, native, Rust and
+//!   this row alone.
 //! - **50 % duplicates** (Rust): the second half of the N messages repeats
 //!   the first half's event ids; below the table, what one skipped duplicate
 //!   costs next to one processed message (this row's time and the Rust
@@ -167,6 +171,9 @@ enum What {
         module: PathBuf,
         native: bool,
         duplicates: bool,
+        /// Key lanes on the account (`order_key = "json:/account_id"`).
+        #[serde(default)]
+        ordered: bool,
     },
     /// `behave` over N messages, each publishing one message through the
     /// outbox when `publish` (module: behave's component).
@@ -227,7 +234,8 @@ async fn run_row(spec: Spec) -> Result<Measured> {
             module,
             native,
             duplicates,
-        } => host(&spec, module, native, duplicates).await,
+            ordered,
+        } => host(&spec, module, native, duplicates, ordered).await,
         What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
         What::Outbox { module, publish } => outbox::outbox_host(&spec, module, publish).await,
         What::PublishCeiling => outbox::publish_ceiling(&spec).await,
@@ -416,6 +424,7 @@ async fn bench() -> Result<()> {
                 module,
                 native,
                 duplicates,
+                ordered: false,
             };
             match in_child(&spec(host(rust.clone(), true, false), db, c)) {
                 Ok(m) => {
@@ -424,8 +433,12 @@ async fn bench() -> Result<()> {
                 }
                 Err(e) => Table::failed("native", label, &cs, &format!("{e:#}")),
             }
+            let only_lanes = only == Some("lanes");
             let mut rust_rate = None;
             for (lang, file) in COMPONENTS {
+                if only_lanes && file != "credit.wasm" {
+                    continue;
+                }
                 let module = guests_dir().join(file);
                 if !module.exists() {
                     Table::failed(
@@ -441,6 +454,19 @@ async fn bench() -> Result<()> {
                     rust_rate = Some(m.rate);
                 }
                 table.line(&format!("idem, {lang}"), label, &cs, &m);
+            }
+            if rust_rate.is_some() {
+                let ordered = What::Host {
+                    module: rust.clone(),
+                    native: false,
+                    duplicates: false,
+                    ordered: true,
+                };
+                let m = in_child(&spec(ordered, db, c))?;
+                table.line("idem, Rust, key lanes", label, &cs, &m);
+            }
+            if only_lanes {
+                continue;
             }
             if let Some(unbatched) = rust_rate {
                 let mut batched = |native| {
@@ -497,6 +523,9 @@ async fn bench() -> Result<()> {
         println!(
             "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
         );
+    }
+    if only == Some("lanes") {
+        return Ok(());
     }
     let behave = guests_dir().join("behave.wasm");
     if behave.exists() {

@@ -259,6 +259,7 @@ pub(super) async fn host(
     module: PathBuf,
     native: bool,
     duplicates: bool,
+    ordered: bool,
 ) -> Result<Measured> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -276,7 +277,12 @@ pub(super) async fn host(
     let row_db = RowDb::new(spec).await?;
     let subject = stream_with(&js, row, &payloads).await?;
     let name = format!("h{row}");
-    let host = start_host(spec, &module, &row_db.url).await?;
+    let extra = if ordered {
+        "order_key = \"json:/account_id\"\n"
+    } else {
+        ""
+    };
+    let host = start_host_with(spec, &module, &row_db.url, extra).await?;
     if native {
         put_native_in_place(&host)?;
     }
