@@ -1,22 +1,26 @@
 //! One handler's consuming loop with key lanes (`order_key`; ARCHITECTURE.md,
 //! "Key lanes"): every delivery goes through [`KeyLanes`], which says when
 //! it may run; up to `concurrency` run at once, each in a task of its own
-//! that reports how it ended. Messages waiting in a lane are kept in
-//! progress (`+WPI`, every third of `ack_wait`) so that waiting does not
-//! count as deliveries; at stop, once the deliveries in flight ended, they
-//! are given back with the fetched and the abandoned ones in stream order
-//! ([`shutdown::wind_down_as`]), so the next host gets them in that order.
-//! A host that starts while deliveries are out (a host before it died
-//! holding them) first lets them come back ([`start_fence`]).
+//! that reports how it ended. A message a lane lets go waits in the loop's
+//! ready queue for a slot, served before anything new is fetched. Messages
+//! waiting (in a lane or the ready queue) are kept in progress (`+WPI`,
+//! every third of `ack_wait`) so that waiting spends no delivery. At stop
+//! ([`stop_in_order`]) nothing is given back until the deliveries in
+//! flight ended; then everything is given back in stream order, what lies
+//! past a message its lane waits for with a delay, so the next host gets
+//! each key's messages in order. A host that starts while deliveries are
+//! out (a host before it died holding them) first lets them come back
+//! ([`start_fence`]).
 
 use super::consume::{Lost, Stopping};
 use super::key_lanes::{Ended, KeyLanes};
-use super::shutdown::{self, GiveBack, InFlight};
-use crate::broker::{self, Deliveries};
+use super::shutdown::{self, InFlight};
+use crate::broker::{self, Deliveries, Settlement};
 use crate::config::IdentityRule;
 use crate::pipeline::db_gate::DbGate;
 use crate::pipeline::{Outcome, Pipeline, Unsettled};
 use async_nats::jetstream::Message;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -28,8 +32,20 @@ use tokio_util::sync::CancellationToken;
 /// another host, or its consumer was made again).
 const COME_BACK_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long the first pull after a [`start_fence`] may take to bring back
+/// the deliveries that were out, before the lanes take them in order.
+const GATHER_LINGER: Duration = Duration::from_secs(2);
+
 /// How a finished run is reported to the loop: key, stream sequence, end.
 type Done = (String, u64, Ended);
+
+/// The key and stream sequence of `msg` by `rule`; `None` when it has no
+/// key (or is not a JetStream delivery): it runs unordered.
+fn key_of(rule: &IdentityRule, msg: &Message) -> Option<(String, u64)> {
+    let key =
+        crate::pipeline::message_id::extract(rule, msg.headers.as_ref(), &msg.payload).ok()?;
+    Some((key, msg.info().ok()?.stream_sequence))
+}
 
 /// [`super::consume::consume`] with key lanes: `rule` reads each message's
 /// ordering key.
@@ -44,28 +60,29 @@ pub(super) async fn consume_ordered(
     stopping: Stopping,
     rule: IdentityRule,
 ) {
-    consuming.store(true, Relaxed);
     let slots = Arc::new(Semaphore::new(pipeline.config().concurrency.max(1)));
     let mut in_flight = InFlight::default();
     let mut lanes: KeyLanes<Message> = KeyLanes::default();
+    // Let go by their lanes, each holding its lane's turn, waiting for a slot.
+    let mut ready: VecDeque<(Message, Option<String>)> = VecDeque::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut keep_alive =
-        tokio::time::interval((pipeline.config().ack_wait / 3).max(Duration::from_millis(100)));
+    let keep_alive_every = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
+    let mut keep_alive = tokio::time::interval(keep_alive_every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let run = Runner {
         pipeline: pipeline.clone(),
-        slots: slots.clone(),
         done: done_tx,
     };
-    let mut ready = Some(stopping.ready);
+    let mut started = Some(stopping.ready);
     let Some(out) = start_fence(&pipeline, &mut deliveries, &stop).await else {
         shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
         return;
     };
+    consuming.store(true, Relaxed);
     if deliveries.open().await.is_ok()
-        && let Some(ready) = ready.take()
+        && let Some(started) = started.take()
     {
-        let _ = ready.send(());
+        let _ = started.send(());
     }
     if out > 0 {
         // What came back first is admitted in stream order, however the
@@ -78,27 +95,30 @@ pub(super) async fn consume_ordered(
         }
         first.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
         for msg in first {
-            let key =
-                crate::pipeline::message_id::extract(&rule, msg.headers.as_ref(), &msg.payload)
-                    .ok();
-            match (key, msg.info().map(|i| i.stream_sequence).ok()) {
-                (Some(key), Some(seq)) => {
+            match key_of(&rule, &msg) {
+                Some((key, seq)) => {
                     if let Some(now) = lanes.arrived(&key, seq, msg) {
-                        run.spawn(&mut in_flight, now, Some(key), None);
+                        ready.push_back((now, Some(key)));
                     }
                 }
-                _ => run.spawn(&mut in_flight, msg, None, None),
+                None => ready.push_back((msg, None)),
             }
         }
     }
     let mut permit: Option<OwnedSemaphorePermit> = None;
+    // Since when the database has been down (the pull paused).
+    let mut down_since: Option<Instant> = None;
     loop {
         in_flight.reap(pipeline.name());
-        if permit.is_some() && !gate.is_up() {
+        if permit.is_some()
+            && let Some((msg, key)) = ready.pop_front()
+        {
+            run.spawn(&mut in_flight, msg, key, permit.take());
+            continue;
+        }
+        if !gate.is_up() && down_since.is_none() {
             deliveries.pause();
-            if !gate.ready().await {
-                break;
-            }
+            down_since = Some(Instant::now());
         }
         let block_ends = lanes.next_deadline();
         tokio::select! {
@@ -106,27 +126,35 @@ pub(super) async fn consume_ordered(
             () = stop.cancelled() => break,
             Some((key, seq, ended)) = done_rx.recv() => {
                 if let Some(next) = lanes.ended(&key, seq, ended) {
-                    run.spawn(&mut in_flight, next, Some(key), None);
+                    ready.push_back((next, Some(key)));
                 }
             }
-            () = sleep_until(block_ends), if block_ends.is_some() => {
+            up = gate.ready(), if down_since.is_some() => {
+                if !up {
+                    break;
+                }
+                // Nothing could come back while the pull was paused.
+                if let Some(since) = down_since.take() {
+                    lanes.delay_deadlines(since.elapsed());
+                }
+            }
+            () = sleep_until(block_ends), if block_ends.is_some() && down_since.is_none() => {
                 for (key, seq, next) in lanes.expire(Instant::now()) {
                     tracing::warn!(handler = %pipeline.name(), key = %crate::log_format::escape(&key), stream_sequence = seq, "a message given back did not come back to this host in time; the key's later messages run without it (another host may have run it)");
                     if let Some(next) = next {
-                        run.spawn(&mut in_flight, next, Some(key), None);
+                        ready.push_back((next, Some(key)));
                     }
                 }
             }
             _ = keep_alive.tick() => {
-                for msg in lanes.held() {
-                    let _ = broker::in_progress(msg).await;
-                }
+                let waiting: Vec<Message> = lanes.held().chain(ready.iter().map(|(m, _)| m)).cloned().collect();
+                keep_in_progress(waiting);
             }
             p = slots.clone().acquire_owned(), if permit.is_none() => {
                 let Ok(p) = p else { break };
                 permit = Some(p);
             }
-            msg = deliveries.next(), if permit.is_some() => {
+            msg = deliveries.next(), if permit.is_some() && ready.is_empty() && down_since.is_none() => {
                 let msg = match msg {
                     Ok(msg) => msg,
                     Err(e) => {
@@ -134,43 +162,121 @@ pub(super) async fn consume_ordered(
                         break;
                     }
                 };
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(());
+                if let Some(started) = started.take() {
+                    let _ = started.send(());
                 }
-                let key = crate::pipeline::message_id::extract(&rule, msg.headers.as_ref(), &msg.payload).ok();
-                let seq = msg.info().map(|i| i.stream_sequence).ok();
-                match (key, seq) {
-                    (Some(key), Some(seq)) => {
+                match key_of(&rule, &msg) {
+                    Some((key, seq)) => {
+                        // Else it waits in its lane, and the slot stays free.
                         if let Some(now) = lanes.arrived(&key, seq, msg) {
                             run.spawn(&mut in_flight, now, Some(key), permit.take());
-                        } else {
-                            // It waits in its lane: the slot stays free.
-                            permit = None;
                         }
                     }
-                    // No key (or not a JetStream delivery): unordered.
-                    _ => run.spawn(&mut in_flight, msg, None, permit.take()),
+                    None => run.spawn(&mut in_flight, msg, None, permit.take()),
                 }
             }
         }
     }
-    let held = lanes.take_held();
-    if !held.is_empty() {
-        tracing::info!(handler = %pipeline.name(), held = held.len(), "stopping: {} messages waiting in key lanes are given back once the deliveries in flight end", held.len());
-    }
-    shutdown::wind_down_as(
-        pipeline.name(),
+    drop(permit);
+    stop_in_order(
+        &pipeline,
+        &rule,
         &mut deliveries,
         in_flight,
+        lanes,
+        ready,
+        done_rx,
         stopping.grace,
-        GiveBack::InStreamOrder(held),
     )
     .await;
 }
 
-/// How long the first pull after a [`start_fence`] may take to bring back
-/// the deliveries that were out, before the lanes take them in order.
-const GATHER_LINGER: Duration = Duration::from_secs(2);
+/// Sends `+WPI` for each of `waiting` from a task of its own, so a broker
+/// connection that is down cannot hold up the consuming loop.
+fn keep_in_progress(waiting: Vec<Message>) {
+    if waiting.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for msg in &waiting {
+            let _ = tokio::time::timeout(Duration::from_secs(1), broker::in_progress(msg)).await;
+        }
+    });
+}
+
+/// The stop of a loop with key lanes: fetching stops; the deliveries in
+/// flight get `grace` to end (the waiting ones kept in progress
+/// meanwhile); what they reported is recorded in the lanes; then
+/// everything not run (waiting in a lane or the ready queue, fetched,
+/// abandoned) is given back in stream order. What lies past a message its
+/// lane waits for goes back with a nak delay until that block's deadline,
+/// so it cannot reach the next host before the message it follows; the rest
+/// at once. A nak without delay queues the message for redelivery in the
+/// order the naks arrive (nats-server `consumer.go`: `addToRedeliverQueue`
+/// appends, `getNextToRedeliver` takes the first), ahead of new messages.
+#[allow(clippy::too_many_arguments)]
+async fn stop_in_order(
+    pipeline: &Pipeline,
+    rule: &IdentityRule,
+    deliveries: &mut Deliveries,
+    in_flight: InFlight,
+    mut lanes: KeyLanes<Message>,
+    ready: VecDeque<(Message, Option<String>)>,
+    mut done_rx: mpsc::UnboundedReceiver<Done>,
+    grace: Duration,
+) {
+    let handler = pipeline.name();
+    let mut back: Vec<(Message, Duration)> = Vec::new();
+    let fetched = deliveries.release_buffered();
+    let released = fetched.len() + ready.len();
+    for msg in fetched {
+        match key_of(rule, &msg) {
+            Some((key, seq)) => lanes.hold(&key, seq, msg),
+            None => back.push((msg, Duration::ZERO)),
+        }
+    }
+    for (msg, key) in ready {
+        match (key, msg.info().map(|i| i.stream_sequence)) {
+            (Some(key), Ok(seq)) => lanes.put_back(&key, seq, msg),
+            _ => back.push((msg, Duration::ZERO)),
+        }
+    }
+    let waiting: Vec<Message> = lanes
+        .held()
+        .chain(back.iter().map(|(m, _)| m))
+        .cloned()
+        .collect();
+    let every = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
+    let keeping = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            keep_in_progress(waiting.clone());
+        }
+    });
+    let abandoned = shutdown::finish_within(handler, in_flight, grace, released).await;
+    keeping.abort();
+    while let Ok((key, seq, ended)) = done_rx.try_recv() {
+        lanes.record_end(&key, seq, ended);
+    }
+    back.extend(abandoned.into_iter().map(|m| (m, Duration::ZERO)));
+    back.extend(lanes.take_held(Instant::now()));
+    back.sort_by_key(|(m, _)| m.info().map_or(u64::MAX, |i| i.stream_sequence));
+    let delayed = back.iter().filter(|(_, d)| !d.is_zero()).count();
+    for (msg, delay) in &back {
+        let settlement = if delay.is_zero() {
+            Settlement::Release
+        } else {
+            Settlement::Nak(*delay)
+        };
+        if let Err(e) = broker::settle(msg, settlement).await {
+            tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");
+        }
+    }
+    if !back.is_empty() {
+        tracing::info!(%handler, given_back = back.len(), delayed, "stopped: {} messages not run given back in stream order ({delayed} after the message their key waits for)", back.len());
+    }
+}
 
 /// Before the first pull: when deliveries of the consumer are out and not
 /// acked (a host that died held them, or another host runs them), waits
@@ -178,27 +284,27 @@ const GATHER_LINGER: Duration = Duration::from_secs(2);
 /// broker's redelivery queue, which it serves before any new message,
 /// sorted by sequence (nats-server `consumer.go`, `checkPending`). Without
 /// it, messages published after them would reach this host first and run
-/// before them. Returns how many were out (0: none, nothing waited), or
-/// `None` when the host stopped meanwhile.
+/// before them. Returns how many to gather from the first pull (0: none
+/// were out, nothing waited), or `None` when the host stopped meanwhile.
 async fn start_fence(
     pipeline: &Pipeline,
     deliveries: &mut Deliveries,
     stop: &CancellationToken,
 ) -> Option<usize> {
-    let ack_wait = pipeline.config().ack_wait;
+    // No more can be out than the consumer's `max_ack_pending`.
+    let most = usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX);
     let out = match deliveries.ack_pending().await {
         Ok(0) => return Some(0),
-        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        // Not known: wait as if some were out.
-        Err(_) => 1,
+        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX).min(most),
+        // Not known: wait as if the most were out.
+        Err(_) => most,
     };
-    let wait = ack_wait + Duration::from_secs(1);
+    let wait = pipeline.config().ack_wait + Duration::from_secs(1);
     tracing::info!(handler = %pipeline.name(), out, "key lanes: {out} deliveries of the consumer are out and not acked; waiting {} for them to come back first, so they run before later messages of their keys", humantime::format_duration(wait));
     tokio::select! {
         biased;
         () = stop.cancelled() => None,
-        // No more can be out than the consumer's `max_ack_pending`.
-        () = tokio::time::sleep(wait) => Some(out.min(usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX))),
+        () = tokio::time::sleep(wait) => Some(out),
     }
 }
 
@@ -214,13 +320,46 @@ async fn sleep_until(at: Option<Instant>) {
 /// the loop how it ended.
 struct Runner {
     pipeline: Arc<Pipeline>,
-    slots: Arc<Semaphore>,
     done: mpsc::UnboundedSender<Done>,
 }
 
+/// Tells the loop how a run of a keyed message ended; when dropped without
+/// having told (the task panicked, or was dropped at the end of the
+/// grace), tells it the message is due again after `ack_wait`, so its lane
+/// waits for it a while and then goes on instead of waiting for ever.
+struct Report {
+    to: mpsc::UnboundedSender<Done>,
+    key: String,
+    seq: u64,
+    unsettled_after: Duration,
+    told: bool,
+}
+
+impl Report {
+    fn tell(mut self, ended: Ended) {
+        self.told = true;
+        let _ = self
+            .to
+            .send((std::mem::take(&mut self.key), self.seq, ended));
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        if !self.told {
+            let deadline = Instant::now() + self.unsettled_after;
+            let _ = self.to.send((
+                std::mem::take(&mut self.key),
+                self.seq,
+                Ended::Again { deadline },
+            ));
+        }
+    }
+}
+
 impl Runner {
-    /// Runs `msg` (of `key`, if it has one) in a task of its own with
-    /// `permit`, or with a slot it waits for.
+    /// Runs `msg` (of `key`, if it has one) in a task of its own holding
+    /// `permit` (a slot of the handler's `concurrency`).
     fn spawn(
         &self,
         in_flight: &mut InFlight,
@@ -228,20 +367,24 @@ impl Runner {
         key: Option<String>,
         permit: Option<OwnedSemaphorePermit>,
     ) {
-        let (p, slots, done) = (self.pipeline.clone(), self.slots.clone(), self.done.clone());
+        let p = self.pipeline.clone();
+        let config = p.config();
+        let report = match (key, msg.info()) {
+            (Some(key), Ok(info)) => Some(Report {
+                to: self.done.clone(),
+                key,
+                seq: info.stream_sequence,
+                unsettled_after: config.ack_wait * 2 + COME_BACK_MARGIN,
+                told: false,
+            }),
+            _ => None,
+        };
         let unsettled = Unsettled::new(vec![msg.clone()]);
         in_flight.spawn(unsettled, async move {
-            let _slot = match permit {
-                Some(permit) => permit,
-                None => match slots.acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-            };
+            let _slot = permit;
             let outcome = p.process(&msg).await;
-            if let (Some(key), Ok(info)) = (key, msg.info()) {
-                let ended = ended_as(&outcome, p.config(), info.delivered);
-                let _ = done.send((key, info.stream_sequence, ended));
+            if let (Some(report), Ok(info)) = (report, msg.info()) {
+                report.tell(ended_as(&outcome, p.config(), info.delivered));
             }
         });
     }

@@ -20,7 +20,7 @@
 //!   waits behind it, and runs as the duplicate its receipt makes it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a run of one message of a lane ended, as the lane sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,13 +35,14 @@ pub enum Ended {
     },
 }
 
-/// One key's messages: the one running, the one it waits for, those held.
+/// One key's messages: the one running, those it waits for, those held.
 #[derive(Debug)]
 struct Lane<M> {
     /// Stream sequence of the message running now.
     running: Option<u64>,
-    /// A message given back to the broker, and until when to wait for it.
-    blocked: Option<(u64, Instant)>,
+    /// Messages given back to the broker, each with until when to wait for
+    /// it; nothing past the lowest of them runs.
+    blocked: BTreeMap<u64, Instant>,
     /// Waiting messages by stream sequence.
     held: BTreeMap<u64, M>,
 }
@@ -50,34 +51,50 @@ impl<M> Default for Lane<M> {
     fn default() -> Self {
         Self {
             running: None,
-            blocked: None,
+            blocked: BTreeMap::new(),
             held: BTreeMap::new(),
         }
     }
 }
 
 impl<M> Lane<M> {
-    /// The next message to run, if the lane may run one now.
+    /// The next message to run, if the lane may run one now: the lowest
+    /// held, unless it lies past the lowest blocked one.
     fn next(&mut self) -> Option<(u64, M)> {
         if self.running.is_some() {
             return None;
         }
         let (&seq, _) = self.held.first_key_value()?;
-        if let Some((blocked, _)) = self.blocked
-            && seq > blocked
+        if self
+            .blocked
+            .first_key_value()
+            .is_some_and(|(&b, _)| seq > b)
         {
             return None;
         }
-        if self.blocked.is_some_and(|(b, _)| b == seq) {
-            self.blocked = None;
-        }
+        // The redelivery of a blocked message, or one before it.
+        self.blocked.remove(&seq);
         let m = self.held.remove(&seq)?;
         self.running = Some(seq);
         Some((seq, m))
     }
 
+    fn end(&mut self, seq: u64, how: Ended) {
+        if self.running == Some(seq) {
+            self.running = None;
+        }
+        match how {
+            Ended::Settled => {
+                self.blocked.remove(&seq);
+            }
+            Ended::Again { deadline } => {
+                self.blocked.insert(seq, deadline);
+            }
+        }
+    }
+
     fn idle(&self) -> bool {
-        self.running.is_none() && self.blocked.is_none() && self.held.is_empty()
+        self.running.is_none() && self.blocked.is_empty() && self.held.is_empty()
     }
 }
 
@@ -107,26 +124,29 @@ impl<M> KeyLanes<M> {
         lane.next().map(|(_, m)| m)
     }
 
+    /// Puts `m` in its lane without running anything (at stop).
+    pub fn hold(&mut self, key: &str, seq: u64, m: M) {
+        self.lanes
+            .entry(key.to_owned())
+            .or_default()
+            .held
+            .insert(seq, m);
+    }
+
+    /// `m`, handed out to run, did not start (at stop): it waits again.
+    pub fn put_back(&mut self, key: &str, seq: u64, m: M) {
+        let lane = self.lanes.entry(key.to_owned()).or_default();
+        if lane.running == Some(seq) {
+            lane.running = None;
+        }
+        lane.held.insert(seq, m);
+    }
+
     /// The message `seq` of `key` that was running ended as `how`: returns
     /// the key's next message to run, if any.
     pub fn ended(&mut self, key: &str, seq: u64, how: Ended) -> Option<M> {
         let lane = self.lanes.get_mut(key)?;
-        if lane.running == Some(seq) {
-            lane.running = None;
-        }
-        match how {
-            Ended::Settled => {
-                if lane.blocked.is_some_and(|(b, _)| b == seq) {
-                    lane.blocked = None;
-                }
-            }
-            Ended::Again { deadline } => {
-                // An earlier block stays (it is the earlier message).
-                if lane.blocked.is_none_or(|(b, _)| seq < b) {
-                    lane.blocked = Some((seq, deadline));
-                }
-            }
-        }
+        lane.end(seq, how);
         let next = lane.next().map(|(_, m)| m);
         if lane.idle() {
             self.lanes.remove(key);
@@ -134,28 +154,57 @@ impl<M> KeyLanes<M> {
         next
     }
 
-    /// Ends every block whose deadline is at or before `now`: the keys
-    /// whose message did not come back, and the next message of each that
-    /// may run now.
+    /// [`KeyLanes::ended`] without handing out the next message (at stop).
+    pub fn record_end(&mut self, key: &str, seq: u64, how: Ended) {
+        if let Some(lane) = self.lanes.get_mut(key) {
+            lane.end(seq, how);
+        }
+    }
+
+    /// Ends every block whose deadline is at or before `now`: the keys and
+    /// sequences that did not come back, and the next message of each key
+    /// that may run now.
     pub fn expire(&mut self, now: Instant) -> Vec<(String, u64, Option<M>)> {
         let mut out = Vec::new();
         for (key, lane) in &mut self.lanes {
-            if let Some((seq, deadline)) = lane.blocked
-                && deadline <= now
-            {
-                lane.blocked = None;
-                out.push((key.clone(), seq, lane.next().map(|(_, m)| m)));
+            let due: Vec<u64> = lane
+                .blocked
+                .iter()
+                .filter(|&(_, &d)| d <= now)
+                .map(|(&seq, _)| seq)
+                .collect();
+            if due.is_empty() {
+                continue;
+            }
+            for seq in &due {
+                lane.blocked.remove(seq);
+            }
+            let mut next = lane.next().map(|(_, m)| m);
+            let last = due.len() - 1;
+            for (i, seq) in due.into_iter().enumerate() {
+                let run = if i == last { next.take() } else { None };
+                out.push((key.clone(), seq, run));
             }
         }
         self.lanes.retain(|_, l| !l.idle());
         out
     }
 
+    /// Moves every block's deadline `by` later (the time the pull was
+    /// paused: nothing could come back meanwhile).
+    pub fn delay_deadlines(&mut self, by: Duration) {
+        for lane in self.lanes.values_mut() {
+            for d in lane.blocked.values_mut() {
+                *d += by;
+            }
+        }
+    }
+
     /// The earliest block deadline, if any lane is blocked.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.lanes
             .values()
-            .filter_map(|l| l.blocked.map(|(_, d)| d))
+            .filter_map(|l| l.blocked.values().min().copied())
             .min()
     }
 
@@ -170,11 +219,21 @@ impl<M> KeyLanes<M> {
         self.lanes.values().map(|l| l.held.len()).sum()
     }
 
-    /// Takes every waiting message out (shutdown: they are given back).
-    pub fn take_held(&mut self) -> Vec<M> {
+    /// Takes every waiting message out (at stop, to give back), each with
+    /// how long the broker should wait before delivering it again: until
+    /// its lane's block ends (from `now`) for those past a message the lane
+    /// waits for, so that message comes back first; zero for the others.
+    pub fn take_held(&mut self, now: Instant) -> Vec<(M, Duration)> {
         let mut out = Vec::new();
         for lane in self.lanes.values_mut() {
-            out.extend(std::mem::take(&mut lane.held).into_values());
+            let block = lane.blocked.first_key_value().map(|(&b, &d)| (b, d));
+            for (seq, m) in std::mem::take(&mut lane.held) {
+                let delay = match block {
+                    Some((b, d)) if seq > b => d.saturating_duration_since(now),
+                    _ => Duration::ZERO,
+                };
+                out.push((m, delay));
+            }
         }
         self.lanes.retain(|_, l| !l.idle());
         out
@@ -184,7 +243,6 @@ impl<M> KeyLanes<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn again(at: Instant) -> Ended {
         Ended::Again { deadline: at }
@@ -270,18 +328,81 @@ mod tests {
     }
 
     #[test]
-    fn taking_the_held_leaves_only_what_runs() {
+    fn taking_the_held_delays_those_past_a_block() {
         let now = Instant::now();
         let mut l = KeyLanes::default();
         assert_eq!(l.arrived("a", 1, "a1"), Some("a1"));
         assert_eq!(l.arrived("a", 2, "a2"), None);
         assert_eq!(l.arrived("b", 3, "b3"), Some("b3"));
-        assert_eq!(l.ended("b", 3, again(now)), None);
+        let deadline = now + Duration::from_secs(9);
+        assert_eq!(l.ended("b", 3, again(deadline)), None);
         assert_eq!(l.arrived("b", 4, "b4"), None);
-        let mut held = l.take_held();
+        l.hold("c", 6, "c6");
+        let mut held = l.take_held(now);
         held.sort_unstable();
-        assert_eq!(held, vec!["a2", "b4"]);
+        assert_eq!(
+            held,
+            vec![
+                ("a2", Duration::ZERO),
+                ("b4", Duration::from_secs(9)),
+                ("c6", Duration::ZERO)
+            ],
+            "b4 comes back after b3 is due"
+        );
         assert_eq!(l.held_count(), 0);
         assert_eq!(l.ended("a", 1, Ended::Settled), None);
+    }
+
+    #[test]
+    fn a_lane_waits_for_every_message_it_gave_back() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut l = KeyLanes::default();
+        assert_eq!(l.arrived("a", 5, "a5"), Some("a5"));
+        assert_eq!(l.ended("a", 5, again(later)), None);
+        // An earlier message runs, and is given back too.
+        assert_eq!(l.arrived("a", 3, "a3"), Some("a3"));
+        assert_eq!(l.ended("a", 3, again(later)), None);
+        assert_eq!(l.arrived("a", 6, "a6"), None);
+        // a3 comes back and settles: a6 still waits for a5.
+        assert_eq!(l.arrived("a", 3, "a3 again"), Some("a3 again"));
+        assert_eq!(l.ended("a", 3, Ended::Settled), None);
+        assert_eq!(l.arrived("a", 5, "a5 again"), Some("a5 again"));
+        assert_eq!(l.ended("a", 5, Ended::Settled), Some("a6"));
+    }
+
+    #[test]
+    fn what_did_not_start_waits_again_and_ends_are_recorded_at_stop() {
+        let now = Instant::now();
+        let mut l = KeyLanes::default();
+        assert_eq!(l.arrived("a", 1, "a1"), Some("a1"));
+        assert_eq!(l.arrived("a", 2, "a2"), None);
+        // a1 was handed out but never started.
+        l.put_back("a", 1, "a1");
+        // A message of another key ended as given back while stopping.
+        assert_eq!(l.arrived("b", 3, "b3"), Some("b3"));
+        assert_eq!(l.arrived("b", 4, "b4"), None);
+        l.record_end("b", 3, again(now + Duration::from_secs(5)));
+        let mut held = l.take_held(now);
+        held.sort_unstable();
+        assert_eq!(
+            held,
+            vec![
+                ("a1", Duration::ZERO),
+                ("a2", Duration::ZERO),
+                ("b4", Duration::from_secs(5))
+            ]
+        );
+    }
+
+    #[test]
+    fn deadlines_move_by_a_pause() {
+        let now = Instant::now();
+        let mut l = KeyLanes::default();
+        assert_eq!(l.arrived("a", 1, "a1"), Some("a1"));
+        assert_eq!(l.ended("a", 1, again(now + Duration::from_secs(2))), None);
+        l.delay_deadlines(Duration::from_secs(10));
+        assert_eq!(l.next_deadline(), Some(now + Duration::from_secs(12)));
+        assert!(l.expire(now + Duration::from_secs(5)).is_empty());
     }
 }

@@ -77,53 +77,34 @@ pub async fn wind_down(
     in_flight: InFlight,
     grace: Duration,
 ) -> usize {
-    wind_down_as(handler, deliveries, in_flight, grace, GiveBack::AtOnce).await
+    let released = deliveries.release_buffered();
+    for msg in &released {
+        give_back(handler, msg).await;
+    }
+    let unsettled = finish_within(handler, in_flight, grace, released.len()).await;
+    for msg in &unsettled {
+        give_back(handler, msg).await;
+    }
+    unsettled.len()
 }
 
-/// When [`wind_down_as`] gives back what it did not run.
-pub enum GiveBack {
-    /// The fetched messages at once (another host takes them while the
-    /// deliveries in flight finish), the abandoned ones after the grace.
-    AtOnce,
-    /// Everything after the deliveries in flight ended, in stream order:
-    /// the fetched messages, these `held` ones (waiting in key lanes) and
-    /// the abandoned ones together, sorted by stream sequence, so the broker
-    /// delivers them again in the order of the stream: a nak without delay
-    /// queues the message for redelivery in the order the naks arrive
-    /// (nats-server `consumer.go`: `addToRedeliverQueue` appends,
-    /// `getNextToRedeliver` takes the first), ahead of new messages.
-    InStreamOrder(Vec<Message>),
-}
-
-/// [`wind_down`], giving back as `give_back` says.
-pub async fn wind_down_as(
+/// The middle of [`wind_down`]: waits up to `grace` for the deliveries in
+/// flight, then abandons the rest (their tasks dropped, so their
+/// transactions rolled back) and returns their messages not yet settled,
+/// for the caller to give back. `released`: how many fetched messages the
+/// caller gives back (for the log line).
+pub async fn finish_within(
     handler: &str,
-    deliveries: &mut Deliveries,
     mut in_flight: InFlight,
     grace: Duration,
-    give_back_as: GiveBack,
-) -> usize {
-    let released = deliveries.release_buffered();
-    let fetched = released.len();
-    let mut later = match give_back_as {
-        GiveBack::AtOnce => {
-            for msg in &released {
-                give_back(handler, msg).await;
-            }
-            None
-        }
-        GiveBack::InStreamOrder(mut held) => {
-            held.extend(released);
-            Some(held)
-        }
-    };
+    released: usize,
+) -> Vec<Message> {
     in_flight.reap(handler);
     tracing::info!(
         %handler,
-        released = fetched,
+        released,
         in_flight = in_flight.len(),
-        "stopping: fetching stopped, {} fetched messages given back, {} in flight, grace {}",
-        fetched,
+        "stopping: fetching stopped, {released} fetched messages given back, {} in flight, grace {}",
         in_flight.len(),
         humantime::format_duration(grace)
     );
@@ -134,33 +115,20 @@ pub async fn wind_down_as(
             Ok(None) | Err(_) => break,
         }
     }
-    let mut abandoned = 0;
-    if !in_flight.is_empty() {
-        in_flight.tasks.abort_all();
-        while let Some(done) = in_flight.tasks.join_next_with_id().await {
-            in_flight.finished(handler, done);
-        }
-        let unsettled: Vec<Message> = in_flight
-            .messages
-            .values()
-            .flat_map(Unsettled::take)
-            .collect();
-        abandoned = unsettled.len();
-        match later.as_mut() {
-            Some(later) => later.extend(unsettled),
-            None => {
-                for msg in &unsettled {
-                    give_back(handler, msg).await;
-                }
-            }
-        }
+    if in_flight.is_empty() {
+        tracing::info!(%handler, "stopped: every delivery in flight finished");
+        return Vec::new();
     }
-    if let Some(mut later) = later {
-        later.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
-        for msg in &later {
-            give_back(handler, msg).await;
-        }
+    in_flight.tasks.abort_all();
+    while let Some(done) = in_flight.tasks.join_next_with_id().await {
+        in_flight.finished(handler, done);
     }
+    let unsettled: Vec<Message> = in_flight
+        .messages
+        .values()
+        .flat_map(Unsettled::take)
+        .collect();
+    let abandoned = unsettled.len();
     if abandoned > 0 {
         tracing::warn!(
             %handler,
@@ -171,7 +139,7 @@ pub async fn wind_down_as(
     } else {
         tracing::info!(%handler, "stopped: every delivery in flight finished");
     }
-    abandoned
+    unsettled
 }
 
 /// Naks `msg` without delay ([`Settlement::Release`]); a failure leaves it
