@@ -106,6 +106,7 @@ pub(super) async fn consume_ordered(
         }
     }
     let mut permit: Option<OwnedSemaphorePermit> = None;
+    let mut keeper = Keeper::default();
     // Since when the database has been down (the pull paused).
     let mut down_since: Option<Instant> = None;
     loop {
@@ -147,8 +148,7 @@ pub(super) async fn consume_ordered(
                 }
             }
             _ = keep_alive.tick() => {
-                let waiting: Vec<Message> = lanes.held().chain(ready.iter().map(|(m, _)| m)).cloned().collect();
-                keep_in_progress(waiting);
+                keeper.round(lanes.held().chain(ready.iter().map(|(m, _)| m)).cloned().collect());
             }
             p = slots.clone().acquire_owned(), if permit.is_none() => {
                 let Ok(p) = p else { break };
@@ -178,6 +178,7 @@ pub(super) async fn consume_ordered(
         }
     }
     drop(permit);
+    keeper.stop().await;
     stop_in_order(
         &pipeline,
         &rule,
@@ -191,17 +192,37 @@ pub(super) async fn consume_ordered(
     .await;
 }
 
-/// Sends `+WPI` for each of `waiting` from a task of its own, so a broker
-/// connection that is down cannot hold up the consuming loop.
-fn keep_in_progress(waiting: Vec<Message>) {
-    if waiting.is_empty() {
-        return;
+/// Sends `+WPI` for each of `waiting`, each send bounded by a second.
+async fn keep_in_progress(waiting: &[Message]) {
+    for msg in waiting {
+        let _ = tokio::time::timeout(Duration::from_secs(1), broker::in_progress(msg)).await;
     }
-    tokio::spawn(async move {
-        for msg in &waiting {
-            let _ = tokio::time::timeout(Duration::from_secs(1), broker::in_progress(msg)).await;
+}
+
+/// The task sending the loop's keep-alives: one at a time, so a slow broker
+/// connection neither holds up the loop nor piles tasks up.
+#[derive(Default)]
+struct Keeper(Option<tokio::task::JoinHandle<()>>);
+
+impl Keeper {
+    /// Starts a round for `waiting` unless the last one is still going.
+    fn round(&mut self, waiting: Vec<Message>) {
+        if waiting.is_empty() || self.0.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
         }
-    });
+        self.0 = Some(tokio::spawn(
+            async move { keep_in_progress(&waiting).await },
+        ));
+    }
+
+    /// Stops the round going, if any, and waits until it has stopped (a
+    /// `+WPI` after a message's nak would restart its redelivery timer).
+    async fn stop(self) {
+        if let Some(t) = self.0 {
+            t.abort();
+            let _ = t.await;
+        }
+    }
 }
 
 /// The stop of a loop with key lanes: fetching stops; the deliveries in
@@ -247,19 +268,25 @@ async fn stop_in_order(
         .cloned()
         .collect();
     let every = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
-    let keeping = tokio::spawn(async move {
+    let keeping = Keeper(Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            keep_in_progress(waiting.clone());
+            keep_in_progress(&waiting).await;
         }
-    });
+    })));
     let abandoned = shutdown::finish_within(handler, in_flight, grace, released).await;
-    keeping.abort();
+    keeping.stop().await;
     while let Ok((key, seq, ended)) = done_rx.try_recv() {
         lanes.record_end(&key, seq, ended);
     }
-    back.extend(abandoned.into_iter().map(|m| (m, Duration::ZERO)));
+    for msg in abandoned {
+        // Given back now, ahead of what follows it in its lane.
+        match key_of(rule, &msg) {
+            Some((key, seq)) => lanes.hold(&key, seq, msg),
+            None => back.push((msg, Duration::ZERO)),
+        }
+    }
     back.extend(lanes.take_held(Instant::now()));
     back.sort_by_key(|(m, _)| m.info().map_or(u64::MAX, |i| i.stream_sequence));
     let delayed = back.iter().filter(|(_, d)| !d.is_zero()).count();

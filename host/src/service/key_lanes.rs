@@ -220,18 +220,25 @@ impl<M> KeyLanes<M> {
     }
 
     /// Takes every waiting message out (at stop, to give back), each with
-    /// how long the broker should wait before delivering it again: until
-    /// its lane's block ends (from `now`) for those past a message the lane
-    /// waits for, so that message comes back first; zero for the others.
+    /// how long the broker should wait before delivering it again: for one
+    /// past messages its lane waits for, until the latest of those blocks'
+    /// deadlines (from `now`), so they all come back first; zero for the
+    /// others. A block whose own message is among those given back now does
+    /// not count (it goes back at once, ahead of them).
     pub fn take_held(&mut self, now: Instant) -> Vec<(M, Duration)> {
         let mut out = Vec::new();
         for lane in self.lanes.values_mut() {
-            let block = lane.blocked.first_key_value().map(|(&b, &d)| (b, d));
-            for (seq, m) in std::mem::take(&mut lane.held) {
-                let delay = match block {
-                    Some((b, d)) if seq > b => d.saturating_duration_since(now),
-                    _ => Duration::ZERO,
-                };
+            let held = std::mem::take(&mut lane.held);
+            for seq in held.keys() {
+                lane.blocked.remove(seq);
+            }
+            for (seq, m) in held {
+                let delay = lane
+                    .blocked
+                    .range(..seq)
+                    .map(|(_, d)| d.saturating_duration_since(now))
+                    .max()
+                    .unwrap_or(Duration::ZERO);
                 out.push((m, delay));
             }
         }
@@ -392,6 +399,45 @@ mod tests {
                 ("a2", Duration::ZERO),
                 ("b4", Duration::from_secs(5))
             ]
+        );
+    }
+
+    #[test]
+    fn at_stop_a_message_waits_for_every_block_before_it() {
+        let now = Instant::now();
+        let mut l = KeyLanes::default();
+        assert_eq!(l.arrived("a", 5, "a5"), Some("a5"));
+        assert_eq!(l.ended("a", 5, again(now + Duration::from_secs(95))), None);
+        assert_eq!(l.arrived("a", 3, "a3"), Some("a3"));
+        assert_eq!(l.ended("a", 3, again(now + Duration::from_secs(36))), None);
+        assert_eq!(l.arrived("a", 6, "a6"), None);
+        assert_eq!(l.arrived("a", 4, "a4"), None);
+        let mut held = l.take_held(now);
+        held.sort_unstable();
+        assert_eq!(
+            held,
+            vec![
+                ("a4", Duration::from_secs(36)),
+                ("a6", Duration::from_secs(95))
+            ],
+            "a6 waits for a5, the later of its blocks"
+        );
+    }
+
+    #[test]
+    fn a_blocked_message_given_back_with_the_rest_does_not_delay_them() {
+        let now = Instant::now();
+        let mut l = KeyLanes::default();
+        assert_eq!(l.arrived("a", 1, "a1"), Some("a1"));
+        assert_eq!(l.ended("a", 1, again(now + Duration::from_secs(60))), None);
+        assert_eq!(l.arrived("a", 2, "a2"), None);
+        // a1's redelivery was fetched but not run when the host stopped.
+        l.hold("a", 1, "a1 again");
+        let mut held = l.take_held(now);
+        held.sort_unstable();
+        assert_eq!(
+            held,
+            vec![("a1 again", Duration::ZERO), ("a2", Duration::ZERO)]
         );
     }
 

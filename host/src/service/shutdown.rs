@@ -91,8 +91,8 @@ pub async fn wind_down(
 /// The middle of [`wind_down`]: waits up to `grace` for the deliveries in
 /// flight, then abandons the rest (their tasks dropped, so their
 /// transactions rolled back) and returns their messages not yet settled,
-/// for the caller to give back. `released`: how many fetched messages the
-/// caller gives back (for the log line).
+/// for the caller to give back. `released`: how many fetched messages were
+/// not run (for the log line).
 pub async fn finish_within(
     handler: &str,
     mut in_flight: InFlight,
