@@ -161,7 +161,7 @@ async fn compiled_code_another_user_put_under_a_key_is_never_run() {
     let modules = cache.join("modules");
     chmod(&modules, 0o777);
     as_other_user(&format!(
-        "cd {m} && mv {version} aside && mkdir {version} && cp aside/{c_file} {version}/{b_file}",
+        "cd {m} && mv {version} aside && mkdir {version} && cp -- aside/{c_file} {version}/{b_file}",
         m = modules.display()
     ));
     publish(&js, "accounts.credit", &credit("e2", 1, 7), &[]).await;
@@ -208,7 +208,7 @@ async fn a_planted_compiled_file_is_removed_and_compiled_again() {
     chmod(&cache.join("modules"), 0o755);
     chmod(&version_dir, 0o777);
     as_other_user(&format!(
-        "cd {v} && cp {c_file} planted && mv -f planted {b_file}",
+        "cd {v} && cp -- {c_file} planted && mv -f -- planted {b_file}",
         v = version_dir.display()
     ));
     chmod(&version_dir, 0o755);
