@@ -316,6 +316,34 @@ impl Table {
     }
 }
 
+/// Makes the rows' specs, numbered from 1: `n` messages, the broker at
+/// `nats` (URLs separated by commas), streams of `replicas`.
+fn specs(
+    n: usize,
+    nats: String,
+    replicas: usize,
+    pg_admin: Option<String>,
+    cache: &std::path::Path,
+) -> impl FnMut(What, Db, usize) -> Spec {
+    let cache = cache.to_owned();
+    let mut row = 0;
+    move |what, db, concurrency| {
+        row += 1;
+        Spec {
+            row,
+            what,
+            db,
+            concurrency,
+            batch: 1,
+            n,
+            nats: nats.clone(),
+            replicas,
+            pg_admin: pg_admin.clone(),
+            cache: cache.clone(),
+        }
+    }
+}
+
 async fn bench() -> Result<()> {
     let nats = Nats::start();
     let pg = std::env::var("IDEM_BENCH_PG_URL").unwrap_or_else(|_| PG_URL_DEFAULT.into());
@@ -341,44 +369,13 @@ async fn bench() -> Result<()> {
             bail!("the cluster table needs PostgreSQL");
         }
         let cluster = idem_test_support::NatsCluster::start(3).await;
-        let urls = cluster.urls();
-        let mut row = 0;
-        let on_cluster = |what: What, db: Db, concurrency: usize| {
-            row += 1;
-            Spec {
-                row,
-                what,
-                db,
-                concurrency,
-                batch: 1,
-                n,
-                nats: urls.clone(),
-                replicas: 3,
-                pg_admin: pg_admin.clone(),
-                cache: cache.path().to_owned(),
-            }
-        };
+        let on_cluster = specs(n, cluster.urls(), 3, pg_admin.clone(), cache.path());
         println!(
             "{n} messages per row, a 3-node cluster on this machine (R3 stream, sync_interval: always)"
         );
         return scaling_table(" on a 3-node JetStream cluster", n, on_cluster).await;
     }
-    let mut row = 0;
-    let mut spec = |what: What, db: Db, concurrency: usize| {
-        row += 1;
-        Spec {
-            row,
-            what,
-            db,
-            concurrency,
-            batch: 1,
-            n,
-            nats: nats.url(),
-            replicas: 1,
-            pg_admin: pg_admin.clone(),
-            cache: cache.path().to_owned(),
-        }
-    };
+    let mut spec = specs(n, nats.url(), 1, pg_admin.clone(), cache.path());
     let rust = guests_dir().join("credit.wasm");
 
     println!(
