@@ -483,6 +483,7 @@ async fn a_leadership_change_is_followed_by_a_new_pull() {
             size: 4,
             expires: Duration::from_secs(60),
             heartbeat,
+            pinned: false,
         },
         liveness.clone(),
     )

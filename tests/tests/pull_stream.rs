@@ -54,6 +54,7 @@ fn settings(batch: usize, expires: Duration, heartbeat: Duration) -> PullSetting
         size: batch,
         expires,
         heartbeat,
+        pinned: false,
     }
 }
 

@@ -308,7 +308,13 @@ impl Plan<'_> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.subsec_nanos())
         );
-        let (filter_subject, filter_subjects) = match h.subjects.as_slice() {
+        // A partitioned stream stores each message under its partition's
+        // number first: every partition is replayed.
+        let subjects: Vec<String> = match h.partitions {
+            Some(_) => h.subjects.iter().map(|s| format!("*.{s}")).collect(),
+            None => h.subjects.clone(),
+        };
+        let (filter_subject, filter_subjects) = match subjects.as_slice() {
             [one] => (one.clone(), Vec::new()),
             many => (String::new(), many.to_vec()),
         };
@@ -415,6 +421,7 @@ async fn consume(
         size: pipeline.config().pull_size(),
         expires: broker::PULL_EXPIRES,
         heartbeat: broker::PULL_HEARTBEAT,
+        pinned: false,
     };
     let (stream_name, consumer_name) = {
         let info = consumer.cached_info();

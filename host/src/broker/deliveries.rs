@@ -250,6 +250,7 @@ impl Deliveries {
                     size: self.pull_size,
                     expires: PULL_EXPIRES,
                     heartbeat: PULL_HEARTBEAT,
+                    pinned: self.handler.partition.is_some(),
                 },
                 self.liveness.clone(),
             )

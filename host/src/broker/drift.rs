@@ -24,8 +24,13 @@ pub struct WantedConsumer {
     pub ack_wait: Duration,
     /// The broker's `max_ack_pending`.
     pub max_ack_pending: i64,
-    /// The handler's `subjects`, the consumer's filter.
+    /// The handler's `subjects`, the consumer's filter (a partition's:
+    /// each prefixed with its number).
     pub subjects: Vec<String>,
+    /// A partition's consumer: pinned-client priority group
+    /// [`crate::broker::partition::GROUP`] with this `priority_timeout`;
+    /// `None`: no priority group.
+    pub priority_timeout: Option<Duration>,
 }
 
 /// A consumer filter as a sorted, de-duplicated list, whether the broker
@@ -43,7 +48,8 @@ fn filters(single: &str, several: &[String]) -> Vec<String> {
 /// The names of the settings in which `found` (an existing durable consumer)
 /// differs from `want`; empty when it matches. Compared: `ack_policy`
 /// (explicit), `ack_wait`, `max_deliver` (unlimited, -1: idem enforces its
-/// own), `max_ack_pending` and the filter subjects as a set. A consumer's
+/// own), `max_ack_pending`, the filter subjects as a set, and the priority
+/// group with its timeout (a partition's consumer). A consumer's
 /// deliver policy cannot be changed on the broker and is not compared.
 pub fn consumer_drift(found: &consumer::Config, want: &WantedConsumer) -> Vec<&'static str> {
     let mut drift = Vec::new();
@@ -61,6 +67,20 @@ pub fn consumer_drift(found: &consumer::Config, want: &WantedConsumer) -> Vec<&'
     }
     if filters(&found.filter_subject, &found.filter_subjects) != filters("", &want.subjects) {
         drift.push("filter_subjects");
+    }
+    let (policy, groups) = match want.priority_timeout {
+        Some(_) => (
+            consumer::PriorityPolicy::PinnedClient,
+            vec![crate::broker::partition::GROUP.to_string()],
+        ),
+        None => (consumer::PriorityPolicy::None, Vec::new()),
+    };
+    if found.priority_policy != policy || found.priority_groups != groups {
+        drift.push("priority_groups");
+    } else if let Some(timeout) = want.priority_timeout
+        && found.priority_timeout != timeout
+    {
+        drift.push("priority_timeout");
     }
     drift
 }
@@ -102,6 +122,7 @@ mod tests {
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 1000,
             subjects: vec!["a.credit".into(), "a.debit".into()],
+            priority_timeout: None,
         }
     }
 
@@ -192,6 +213,34 @@ mod tests {
         assert_eq!(
             consumer_drift(&all, &want()),
             vec!["ack_wait", "max_deliver", "filter_subjects"]
+        );
+    }
+
+    #[test]
+    fn a_partition_consumer_needs_its_pinned_group_and_timeout() {
+        let partition = WantedConsumer {
+            priority_timeout: Some(Duration::from_secs(45)),
+            ..want()
+        };
+        let pinned = consumer::Config {
+            priority_policy: consumer::PriorityPolicy::PinnedClient,
+            priority_groups: vec!["idem".into()],
+            priority_timeout: Duration::from_secs(45),
+            ..matching()
+        };
+        assert_eq!(consumer_drift(&pinned, &partition), Vec::<&str>::new());
+        assert_eq!(
+            consumer_drift(&matching(), &partition),
+            vec!["priority_groups"]
+        );
+        assert_eq!(consumer_drift(&pinned, &want()), vec!["priority_groups"]);
+        let shorter = consumer::Config {
+            priority_timeout: Duration::from_secs(20),
+            ..pinned
+        };
+        assert_eq!(
+            consumer_drift(&shorter, &partition),
+            vec!["priority_timeout"]
         );
     }
 

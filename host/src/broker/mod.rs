@@ -30,6 +30,7 @@ mod connect;
 mod deliveries;
 pub mod drift;
 pub mod liveness;
+pub mod partition;
 mod pull_stream;
 pub mod unanswered;
 pub use connect::connect;
@@ -106,6 +107,7 @@ pub async fn ensure_consumer_from(
     max_ack_pending: i64,
     deliver_policy: DeliverPolicy,
 ) -> anyhow::Result<EnsuredConsumer> {
+    let transform = partition::transform(handler).map_err(anyhow::Error::msg)?;
     let mut stream = js
         .get_or_create_stream(stream::Config {
             name: handler.stream.clone(),
@@ -115,6 +117,7 @@ pub async fn ensure_consumer_from(
             // What another handler's outbox publishes here in one
             // delivery is stored together (JetStream atomic batch).
             allow_atomic_publish: true,
+            subject_transform: transform.clone(),
             metadata: [(
                 drift::OWNER_KEY.to_string(),
                 drift::OWNER_VALUE.to_string(),
@@ -130,6 +133,25 @@ pub async fn ensure_consumer_from(
             )
         })?;
     let stream_config = stream.cached_info().config.clone();
+    if let Some(want) = &transform
+        && stream_config.subject_transform.as_ref() != Some(want)
+    {
+        anyhow::bail!(
+            "handler `{}`: stream `{}` does not partition its messages as partitions = {} needs (subject transform {} -> {}; it has {}); idem sets the transform only on a stream it creates: create the stream with it, or let idem create the stream",
+            handler.name,
+            handler.stream,
+            handler.partitions.unwrap_or(0),
+            want.source,
+            want.destination,
+            stream_config
+                .subject_transform
+                .as_ref()
+                .map_or("none".to_string(), |t| format!(
+                    "{} -> {}",
+                    t.source, t.destination
+                ))
+        );
+    }
     let missing = drift::uncaptured(&stream_config.subjects, &handler.subjects);
     if !missing.is_empty() {
         let owned = stream_config
@@ -165,18 +187,33 @@ pub async fn ensure_consumer_from(
             )
         })?;
     }
+    // A partition's consumer filters on its own share of the transformed
+    // subjects and is served to one host at a time.
+    let (subjects, priority_timeout) = match handler.partition {
+        Some(p) => (
+            handler
+                .subjects
+                .iter()
+                .map(|s| partition::filter(p, s))
+                .collect::<Vec<_>>(),
+            Some(handler.priority_timeout()),
+        ),
+        None => (handler.subjects.clone(), None),
+    };
+    let durable = handler.durable_name();
     let want = drift::WantedConsumer {
         ack_wait: handler.ack_wait,
         max_ack_pending,
-        subjects: handler.subjects.clone(),
+        subjects: subjects.clone(),
+        priority_timeout,
     };
-    let (filter_subject, filter_subjects) = if handler.subjects.len() == 1 {
-        (handler.subjects[0].clone(), Vec::new())
+    let (filter_subject, filter_subjects) = if subjects.len() == 1 {
+        (subjects[0].clone(), Vec::new())
     } else {
-        (String::new(), handler.subjects.clone())
+        (String::new(), subjects.clone())
     };
     let config = pull::Config {
-        durable_name: Some(handler.name.clone()),
+        durable_name: Some(durable.clone()),
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: handler.ack_wait,
         // Unlimited on the broker: idem enforces `max_deliver` itself (a dead
@@ -189,15 +226,26 @@ pub async fn ensure_consumer_from(
         filter_subject,
         filter_subjects,
         deliver_policy,
+        priority_policy: if priority_timeout.is_some() {
+            jetstream::consumer::PriorityPolicy::PinnedClient
+        } else {
+            jetstream::consumer::PriorityPolicy::None
+        },
+        priority_groups: if priority_timeout.is_some() {
+            vec![partition::GROUP.to_string()]
+        } else {
+            Vec::new()
+        },
+        priority_timeout: priority_timeout.unwrap_or_default(),
         ..Default::default()
     };
-    let existed = match stream.consumer_info(&handler.name).await {
+    let existed = match stream.consumer_info(&durable).await {
         Ok(_) => true,
         Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => false,
         Err(e) => {
             return Err(anyhow::Error::new(e).context(format!(
                 "handler `{}`: cannot read durable consumer `{}` on stream `{}`",
-                handler.name, handler.name, handler.stream
+                handler.name, durable, handler.stream
             )));
         }
     };
@@ -205,7 +253,7 @@ pub async fn ensure_consumer_from(
         refuse_start_past_end(handler, &deliver_policy, &stream)?;
     }
     let consumer = stream
-        .get_or_create_consumer(&handler.name, config.clone())
+        .get_or_create_consumer(&durable, config.clone())
         .await
         .with_context(|| {
             format!(
@@ -214,7 +262,7 @@ pub async fn ensure_consumer_from(
             )
         })?;
     if !existed {
-        tracing::info!(handler = %handler.name, start = %handler.start, "durable consumer created");
+        tracing::info!(handler = %handler.name, consumer = %durable, start = %handler.start, "durable consumer created");
     }
     let found = consumer.cached_info().config.clone();
     let drift = drift::consumer_drift(&found, &want);
@@ -238,10 +286,10 @@ pub async fn ensure_consumer_from(
         format!(
             "handler `{}`: durable consumer `{}` differs from the config in {} and cannot be updated; delete it (nats consumer rm {} {}) to let idem create it",
             handler.name,
-            handler.name,
+            durable,
             drift.join(", "),
             handler.stream,
-            handler.name
+            durable
         )
     })?;
     tracing::info!(handler = %handler.name, changed = ?drift, "durable consumer updated to match the config");

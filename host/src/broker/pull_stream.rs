@@ -26,6 +26,16 @@
 //! without a word (nats-server 2.15 does so with one over the consumer's
 //! `max_waiting`) is found by the silence: no message and no heartbeat for
 //! two heartbeat intervals.
+//!
+//! A partition's consumer has a pinned-client priority group (ADR-42,
+//! nats-server 2.11+, `server/consumer.go` `nextWaiting`): every request
+//! names the group, the server marks the messages it sends the pinned
+//! client with a `Nats-Pin-Id` header, and the client names that id in
+//! its later requests. A request naming an id that is no longer the pin
+//! is answered 423; the client then asks without one and waits as a
+//! standby. The pin lasts while the pinned client sends a new request at
+//! least every `priority_timeout`: a pinned stream sends one (of a single
+//! message) every `expires` even when it has enough buffered.
 
 use super::liveness::Liveness;
 use async_nats::jetstream;
@@ -88,6 +98,9 @@ pub struct PullSettings {
     /// How often the server says it still holds a request with nothing to
     /// send (JetStream `idle_heartbeat`); under half of `expires`.
     pub heartbeat: Duration,
+    /// The consumer has a pinned-client priority group
+    /// ([`super::partition::GROUP`]): requests name it and the pin.
+    pub pinned: bool,
 }
 
 /// The messages of one durable pull consumer, in delivery order, with an
@@ -150,7 +163,9 @@ impl PullStream {
             context: js.clone(),
             subject: format!("{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
             inbox: inbox.into(),
-            request: request_body(settings),
+            request: request_body(settings, settings.size, None),
+            pin: None,
+            last_request: tokio::time::Instant::now(),
             settings,
             outstanding: 0,
             buffered: Arc::new(AtomicUsize::new(0)),
@@ -212,16 +227,23 @@ impl PullStream {
     }
 }
 
-/// The JSON body of every pull request (JetStream's `JSApiConsumerGetNextRequest`).
-fn request_body(settings: PullSettings) -> bytes::Bytes {
+/// The JSON body of a pull request for `size` messages (JetStream's
+/// `JSApiConsumerGetNextRequest`), with the priority group and `pin` when
+/// the consumer has one.
+fn request_body(settings: PullSettings, size: usize, pin: Option<&str>) -> bytes::Bytes {
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    serde_json::json!({
-        "batch": settings.size.max(1),
+    let mut body = serde_json::json!({
+        "batch": size.max(1),
         "expires": nanos(settings.expires),
         "idle_heartbeat": nanos(settings.heartbeat),
-    })
-    .to_string()
-    .into()
+    });
+    if settings.pinned {
+        body["group"] = super::partition::GROUP.into();
+        if let Some(pin) = pin {
+            body["id"] = pin.into();
+        }
+    }
+    body.to_string().into()
 }
 
 /// The task's state: what it asked for and what is waiting to be taken.
@@ -232,6 +254,10 @@ struct Puller {
     inbox: async_nats::Subject,
     request: bytes::Bytes,
     settings: PullSettings,
+    /// The pin the server gave this stream (`Nats-Pin-Id`), while it holds it.
+    pin: Option<String>,
+    /// When the latest request went out.
+    last_request: tokio::time::Instant,
     /// Messages asked for and neither received nor given up by the server.
     outstanding: usize,
     buffered: Arc<AtomicUsize>,
@@ -249,20 +275,38 @@ const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 impl Puller {
     /// Publishes one pull request, counted before it is sent.
     async fn request(&mut self) -> Result<(), PullError> {
-        self.outstanding += self.settings.size.max(1);
+        let (size, body) = (self.settings.size.max(1), self.request.clone());
+        self.send(size, body).await
+    }
+
+    /// Publishes a request for one message, so that the server hears from
+    /// a pinned stream that has enough buffered (its pin would lapse).
+    async fn keep_pin(&mut self) -> Result<(), PullError> {
+        let body = request_body(self.settings, 1, self.pin.as_deref());
+        self.send(1, body).await
+    }
+
+    /// Publishes `body`, a request for `size` messages, counted first.
+    async fn send(&mut self, size: usize, body: bytes::Bytes) -> Result<(), PullError> {
+        self.outstanding += size;
         self.client
-            .publish_with_reply(
-                self.subject.clone(),
-                self.inbox.clone(),
-                self.request.clone(),
-            )
+            .publish_with_reply(self.subject.clone(), self.inbox.clone(), body)
             .await
             .map_err(|e| {
-                self.outstanding = self.outstanding.saturating_sub(self.settings.size.max(1));
+                self.outstanding = self.outstanding.saturating_sub(size);
                 PullError::Other(format!("cannot send a pull request: {e}"))
             })?;
+        self.last_request = tokio::time::Instant::now();
         self.liveness.waiting();
         Ok(())
+    }
+
+    /// Takes `pin` (or none) as this stream's pin: later requests name it.
+    fn set_pin(&mut self, pin: Option<String>) {
+        if pin != self.pin {
+            self.pin = pin;
+            self.request = request_body(self.settings, self.settings.size, self.pin.as_deref());
+        }
     }
 
     /// Whether at most half a request is buffered or still to come.
@@ -290,8 +334,16 @@ impl Puller {
                 heard = tokio::time::Instant::now();
             }
             let waiting = self.outstanding > 0;
+            let keep_pin_at = self.last_request + self.settings.expires;
             let msg = tokio::select! {
                 msg = subscriber.next() => msg,
+                () = tokio::time::sleep_until(keep_pin_at), if self.settings.pinned && !held_back => {
+                    if let Err(e) = self.keep_pin().await {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                    continue;
+                }
                 () = self.taken.notified() => continue,
                 () = tokio::time::sleep_until(self.not_before), if held_back => continue,
                 () = tokio::time::sleep_until(heard + silence), if waiting => {
@@ -344,6 +396,17 @@ impl Puller {
         match msg.status {
             None | Some(StatusCode::OK) => {
                 self.outstanding = self.outstanding.saturating_sub(1);
+                if self.settings.pinned {
+                    let pin = msg
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("Nats-Pin-Id"))
+                        .map(|v| v.as_str().to_string());
+                    if pin.is_some() && pin != self.pin {
+                        tracing::info!(subject = %self.subject, "this host is now pinned for the consumer (JetStream serves it alone until it stops pulling)");
+                        self.set_pin(pin);
+                    }
+                }
                 if self.outstanding == 0 {
                     self.liveness.satisfied();
                 }
@@ -353,6 +416,14 @@ impl Puller {
                 }))
             }
             Some(StatusCode::IDLE_HEARTBEAT) => Ok(None),
+            Some(StatusCode::PIN_ID_MISMATCH) => {
+                // The pin moved to another host: ask again without it, as
+                // a standby.
+                tracing::info!(subject = %self.subject, "another host is pinned for the consumer now (423); this one waits as a standby");
+                self.set_pin(None);
+                self.settle_ended(&msg);
+                Ok(None)
+            }
             Some(StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED) => {
                 let description = msg.description.clone().unwrap_or_default();
                 match description.as_str() {
@@ -375,18 +446,7 @@ impl Puller {
                         tracing::debug!(subject = %self.subject, reason = %crate::log_format::escape(&description), "the server ended a pull request early (409); pulling again");
                     }
                 }
-                // What was left of the request that ended; all of it when
-                // the server does not say.
-                let left = msg
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("Nats-Pending-Messages"))
-                    .and_then(|v| v.as_str().parse().ok())
-                    .unwrap_or(self.settings.size.max(1));
-                self.outstanding = self.outstanding.saturating_sub(left);
-                if self.outstanding == 0 {
-                    self.liveness.satisfied();
-                }
+                self.settle_ended(&msg);
                 Ok(None)
             }
             Some(StatusCode::NO_RESPONDERS) => Err(PullError::NoResponders),
@@ -394,6 +454,21 @@ impl Puller {
                 "unexpected status {status} on the pull inbox: {}",
                 msg.description.unwrap_or_default()
             ))),
+        }
+    }
+
+    /// Takes off the count what was left of a request the server ended
+    /// (`Nats-Pending-Messages`; all of a request when it does not say).
+    fn settle_ended(&mut self, msg: &async_nats::Message) {
+        let left = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Pending-Messages"))
+            .and_then(|v| v.as_str().parse().ok())
+            .unwrap_or(self.settings.size.max(1));
+        self.outstanding = self.outstanding.saturating_sub(left);
+        if self.outstanding == 0 {
+            self.liveness.satisfied();
         }
     }
 }

@@ -12,6 +12,13 @@ use std::time::Duration;
 /// [`HandlerConfig::pull_size`]).
 pub const MIN_PULL_SIZE: usize = 2;
 
+/// How much longer than `ack_wait` a partition's `priority_timeout` is at
+/// least: a host pulls each partition at least every 10 s (the pull
+/// expiry), so a host that dies was last heard up to 10 s before its
+/// deliveries stop being kept in progress; 5 s more covers the server's
+/// redelivery check.
+pub const PRIORITY_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
+
 /// One `[[handler]]`: a component, the stream it reads and the tables it may write.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +110,32 @@ pub struct HandlerConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub order_key: Option<OrderKey>,
+    /// Partitions across hosts (ARCHITECTURE.md, "Partitions"): the number
+    /// of partitions the stream's subject transform hashes the key token
+    /// into (`{{partition(N,…)}}`), each consumed through a durable
+    /// consumer of its own (`<name>-p<i>`) that JetStream serves to one
+    /// host at a time (pinned client, nats-server 2.11+). Needs `order_key
+    /// = "subject:N"` naming a `*` token of the handler's one subject.
+    /// Unset (default): one consumer, shared by every host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// With `partitions`: how long a host may go without pulling from a
+    /// partition before JetStream gives the partition to another host
+    /// (the consumer's `priority_timeout`). At least `ack_wait` plus 15 s,
+    /// so that what a dead host held has come back to the stream's
+    /// redelivery queue before another host is served. Default: `ack_wait`
+    /// plus 15 s.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub priority_timeout: Option<Duration>,
+    /// The partition this copy of the config consumes (`0..partitions`):
+    /// set by the host for each partition's consuming loop, never read
+    /// from a file.
+    #[serde(skip)]
+    pub partition: Option<u32>,
     /// Most messages requested per pull (the pull size; the key keeps its
     /// name, `batch` is messages per transaction). Default 16; lowered at start so a
     /// buffered message cannot wait past `ack_wait`, never below 2
@@ -286,17 +319,32 @@ impl std::fmt::Display for IdentityRule {
 }
 
 /// Where a message's ordering key (`order_key`) is read from: the forms of
-/// [`IdentityRule`], the key compared byte for byte as an identity is.
+/// [`IdentityRule`] (`json:/pointer`, `header:NAME`), or `subject:N`, the
+/// N-th token (from 1) of the subject the message was published to. The
+/// key is compared byte for byte as an identity is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OrderKey(pub IdentityRule);
+pub enum OrderKey {
+    /// `json:/pointer` or `header:NAME`.
+    Field(IdentityRule),
+    /// `subject:N`: the N-th `.`-separated token of the subject (1-based).
+    SubjectToken(usize),
+}
 
 impl std::str::FromStr for OrderKey {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(n) = s.strip_prefix("subject:") {
+            return match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(OrderKey::SubjectToken(n)),
+                _ => Err(format!(
+                    "order_key `{s}`: `subject:N` needs a token position from 1, e.g. subject:2 for the account in accounts.<account>"
+                )),
+            };
+        }
         match s.parse::<IdentityRule>() {
-            Ok(rule) => Ok(OrderKey(rule)),
+            Ok(rule) => Ok(OrderKey::Field(rule)),
             Err(_) => Err(format!(
-                "order_key `{s}` must be `json:/pointer` (e.g. json:/account_id) or `header:NAME`"
+                "order_key `{s}` must be `json:/pointer` (e.g. json:/account_id), `header:NAME` or `subject:N`"
             )),
         }
     }
@@ -304,7 +352,10 @@ impl std::str::FromStr for OrderKey {
 
 impl std::fmt::Display for OrderKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        match self {
+            OrderKey::Field(rule) => rule.fmt(f),
+            OrderKey::SubjectToken(n) => write!(f, "subject:{n}"),
+        }
     }
 }
 
@@ -381,5 +432,35 @@ impl HandlerConfig {
     pub fn statement_timeout(&self) -> Duration {
         self.statement_timeout
             .unwrap_or(self.deadline + Duration::from_secs(1))
+    }
+
+    /// The durable consumer this copy of the config consumes: the handler's
+    /// name, or `<name>-p<i>` for partition `i` ([`HandlerConfig::partition`]).
+    /// Receipts are keyed by the handler's name either way.
+    pub fn durable_name(&self) -> String {
+        match self.partition {
+            Some(i) => format!("{}-p{i}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
+    /// `priority_timeout`, else `ack_wait` plus [`PRIORITY_TIMEOUT_MARGIN`].
+    pub fn priority_timeout(&self) -> Duration {
+        self.priority_timeout
+            .unwrap_or(self.ack_wait + PRIORITY_TIMEOUT_MARGIN)
+    }
+
+    /// One copy of this config per partition (`partition` set), or this
+    /// one alone when the handler is not partitioned.
+    pub fn per_partition(&self) -> Vec<HandlerConfig> {
+        match self.partitions {
+            None => vec![self.clone()],
+            Some(n) => (0..n)
+                .map(|i| HandlerConfig {
+                    partition: Some(i),
+                    ..self.clone()
+                })
+                .collect(),
+        }
     }
 }

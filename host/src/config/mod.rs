@@ -32,7 +32,9 @@ pub mod start;
 pub use broker::{BrokerAuth, BrokerConfig};
 pub use deploy::DeployConfig;
 
-pub use handler::{HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_SIZE};
+pub use handler::{
+    HandlerConfig, HumanDuration, IdentityRule, MIN_PULL_SIZE, OrderKey, PRIORITY_TIMEOUT_MARGIN,
+};
 pub use sources::Problem;
 
 use crate::secret::redact_url;
@@ -323,10 +325,16 @@ impl Config {
         if self.runtime.max_component_functions == 0 || self.runtime.max_component_code_mib == 0 {
             problems.push("[runtime] max_component_functions and max_component_code_mib must be at least 1 (0 refuses every component)".into());
         }
-        let in_flight: usize = self.handlers.iter().map(|h| h.concurrency).sum();
+        // A partitioned handler runs `concurrency` per partition a host
+        // serves, and one host may serve them all.
+        let in_flight: usize = self
+            .handlers
+            .iter()
+            .map(|h| h.concurrency * h.partitions.map_or(1, |n| n as usize))
+            .sum();
         if in_flight >= self.database.max_connections as usize {
             problems.push(format!(
-                "handlers run {in_flight} messages at once (sum of `concurrency`) but [database] max_connections is {}; raise max_connections to at least {} (one spare for dead letters and pruning)",
+                "handlers run {in_flight} messages at once (sum of `concurrency`, times `partitions` where set) but [database] max_connections is {}; raise max_connections to at least {} (one spare for dead letters and pruning)",
                 self.database.max_connections,
                 in_flight + 1
             ));
@@ -404,6 +412,29 @@ impl Config {
             if h.order_key.is_some() && h.batch > 1 {
                 problems.push(format!(
                     "handler `{}`: order_key needs batch = 1 (key lanes run one message per transaction); remove batch or order_key",
+                    h.name
+                ));
+            }
+            if let Some(n) = h.partitions {
+                if !(1..=256).contains(&n) {
+                    problems.push(format!(
+                        "handler `{}`: partitions must be between 1 and 256 (each is a durable consumer and, on every host, a consuming loop)",
+                        h.name
+                    ));
+                }
+                if let Err(why) = crate::broker::partition::transform(h) {
+                    problems.push(why);
+                }
+                if h.priority_timeout() < h.ack_wait + handler::PRIORITY_TIMEOUT_MARGIN {
+                    problems.push(format!(
+                        "handler `{}`: priority_timeout must be at least ack_wait + {}s (what a dead host held must come back before another host takes its partition)",
+                        h.name,
+                        handler::PRIORITY_TIMEOUT_MARGIN.as_secs()
+                    ));
+                }
+            } else if h.priority_timeout.is_some() {
+                problems.push(format!(
+                    "handler `{}`: priority_timeout applies only with partitions",
                     h.name
                 ));
             }
@@ -509,7 +540,7 @@ ack_wait = "10s"
         let err = parse(&format!("{OK}concurrency = 8\n")).unwrap_err();
         assert_eq!(
             err,
-            "handlers run 8 messages at once (sum of `concurrency`) but [database] max_connections is 8; raise max_connections to at least 9 (one spare for dead letters and pruning)"
+            "handlers run 8 messages at once (sum of `concurrency`, times `partitions` where set) but [database] max_connections is 8; raise max_connections to at least 9 (one spare for dead letters and pruning)"
         );
         let err = parse(&format!("{OK}concurrency = 0\n")).unwrap_err();
         assert_eq!(
@@ -589,7 +620,6 @@ ack_wait = "10s"
 
     #[test]
     fn order_key_reads_like_an_identity_and_needs_batch_one() {
-        use crate::config::handler::OrderKey;
         let h = parse(OK).unwrap().handlers.remove(0);
         assert_eq!(h.order_key, None);
         let h = parse(&format!("{OK}order_key = \"json:/account_id\"\n"))
@@ -598,7 +628,9 @@ ack_wait = "10s"
             .remove(0);
         assert_eq!(
             h.order_key,
-            Some(OrderKey(IdentityRule::JsonPointer("/account_id".into())))
+            Some(OrderKey::Field(IdentityRule::JsonPointer(
+                "/account_id".into()
+            )))
         );
         let h = parse(&format!("{OK}order_key = \"header:Account\"\n"))
             .unwrap()
@@ -606,7 +638,7 @@ ack_wait = "10s"
             .remove(0);
         assert_eq!(
             h.order_key,
-            Some(OrderKey(IdentityRule::Header("Account".into())))
+            Some(OrderKey::Field(IdentityRule::Header("Account".into())))
         );
         assert_eq!(
             parse(&format!("{OK}order_key = \"json:/a\"\nbatch = 16\n")).unwrap_err(),
@@ -615,9 +647,54 @@ ack_wait = "10s"
         let err = parse(&format!("{OK}order_key = \"account_id\"\n")).unwrap_err();
         assert!(
             err.contains(
-                "order_key `account_id` must be `json:/pointer` (e.g. json:/account_id) or `header:NAME`"
+                "order_key `account_id` must be `json:/pointer` (e.g. json:/account_id), `header:NAME` or `subject:N`"
             ),
             "{err}"
+        );
+        let h = parse(&format!("{OK}order_key = \"subject:2\"\n"))
+            .unwrap()
+            .handlers
+            .remove(0);
+        assert_eq!(h.order_key, Some(OrderKey::SubjectToken(2)));
+        assert!(
+            parse(&format!("{OK}order_key = \"subject:0\"\n"))
+                .unwrap_err()
+                .contains("needs a token position from 1")
+        );
+    }
+
+    #[test]
+    fn partitions_need_a_subject_key_and_a_long_enough_priority_timeout() {
+        let ok = OK
+            .replace("[\"accounts.credit\"]", "[\"accounts.*\"]")
+            .replace("ack_wait = \"10s\"", "ack_wait = \"5s\"");
+        assert!(ok.contains("accounts.*"), "{ok}");
+        let c = parse(&format!("{ok}order_key = \"subject:2\"\npartitions = 4\n")).unwrap();
+        let h = &c.handlers[0];
+        assert_eq!(h.priority_timeout(), Duration::from_secs(20));
+        let parts = h.per_partition();
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts[3].durable_name(), "credit-projector-p3");
+        assert_eq!(h.durable_name(), "credit-projector");
+        assert_eq!(
+            parse(&format!(
+                "{ok}order_key = \"subject:2\"\npartitions = 4\npriority_timeout = \"10s\"\n"
+            ))
+            .unwrap_err(),
+            "handler `credit-projector`: priority_timeout must be at least ack_wait + 15s (what a dead host held must come back before another host takes its partition)"
+        );
+        assert_eq!(
+            parse(&format!("{ok}order_key = \"json:/a\"\npartitions = 4\n")).unwrap_err(),
+            "handler `credit-projector`: partitions needs order_key = \"subject:N\" (JetStream hashes a subject token into the partition; it cannot read a payload or header)"
+        );
+        assert!(
+            parse(&format!("{ok}order_key = \"subject:2\"\npartitions = 0\n"))
+                .unwrap_err()
+                .contains("partitions must be between 1 and 256")
+        );
+        assert_eq!(
+            parse(&format!("{ok}priority_timeout = \"1m\"\n")).unwrap_err(),
+            "handler `credit-projector`: priority_timeout applies only with partitions"
         );
     }
 

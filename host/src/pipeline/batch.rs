@@ -47,7 +47,7 @@ impl Pipeline {
         let mut batch: Vec<(Delivery<'_>, String)> = Vec::new();
         let mut ids = HashSet::new();
         for msg in msgs {
-            let Ok(d) = Delivery::of(msg) else {
+            let Ok(d) = Delivery::of(msg, self.config.partitions.is_some()) else {
                 alone.push(msg);
                 continue;
             };

@@ -164,7 +164,7 @@ impl Pipeline {
     pub async fn process(&self, msg: &Message) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
         let _in_flight = self.handler.stats().in_flight();
-        let d = match Delivery::of(msg) {
+        let d = match Delivery::of(msg, self.config().partitions.is_some()) {
             Ok(d) => d,
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
@@ -537,7 +537,9 @@ impl<'a> Delivery<'a> {
     ///
     /// # Errors
     /// `msg` carries no JetStream metadata (no ack subject).
-    fn of(msg: &'a Message) -> Result<Self, async_nats::Error> {
+    /// `partitioned`: the stream stores the message under a partition
+    /// number before the subject it was published to, which is dropped.
+    fn of(msg: &'a Message, partitioned: bool) -> Result<Self, async_nats::Error> {
         let info = msg.info()?;
         let published_ns = i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX);
         let headers: Vec<(String, String)> = msg
@@ -556,7 +558,11 @@ impl<'a> Delivery<'a> {
             delivered: u64::try_from(info.delivered).unwrap_or(1),
             published_ms: published_ns.div_euclid(1_000_000),
             published_ns,
-            subject: msg.subject.to_string(),
+            subject: if partitioned {
+                crate::broker::partition::published_subject(&msg.subject).to_string()
+            } else {
+                msg.subject.to_string()
+            },
             headers,
         })
     }

@@ -16,7 +16,7 @@ use super::consume::{Lost, Stopping};
 use super::key_lanes::{Ended, KeyLanes};
 use super::shutdown::{self, InFlight};
 use crate::broker::{self, Deliveries, Settlement};
-use crate::config::IdentityRule;
+use crate::config::OrderKey;
 use crate::pipeline::db_gate::DbGate;
 use crate::pipeline::{Outcome, Pipeline, Unsettled};
 use async_nats::jetstream::Message;
@@ -41,10 +41,26 @@ type Done = (String, u64, Ended);
 
 /// The key and stream sequence of `msg` by `rule`; `None` when it has no
 /// key (or is not a JetStream delivery): it runs unordered.
-fn key_of(rule: &IdentityRule, msg: &Message) -> Option<(String, u64)> {
-    let key =
-        crate::pipeline::message_id::extract(rule, msg.headers.as_ref(), &msg.payload).ok()?;
+fn key_of(rule: &OrderKey, msg: &Message) -> Option<(String, u64)> {
+    let key = match rule {
+        OrderKey::Field(rule) => {
+            crate::pipeline::message_id::extract(rule, msg.headers.as_ref(), &msg.payload).ok()?
+        }
+        OrderKey::SubjectToken(n) => {
+            let subject = crate::broker::partition::published_subject(msg.subject.as_str());
+            crate::broker::partition::token(subject, *n)?.to_string()
+        }
+    };
     Some((key, msg.info().ok()?.stream_sequence))
+}
+
+/// The pin JetStream marked `msg` with (`Nats-Pin-Id`: a partition's
+/// consumer, served to this host alone).
+fn pin_of(msg: &Message) -> Option<&str> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Pin-Id"))
+        .map(|v| v.as_str())
 }
 
 /// [`super::consume::consume`] with key lanes: `rule` reads each message's
@@ -58,7 +74,7 @@ pub(super) async fn consume_ordered(
     consuming: Arc<AtomicBool>,
     lost: Lost,
     stopping: Stopping,
-    rule: IdentityRule,
+    rule: OrderKey,
 ) {
     let slots = Arc::new(Semaphore::new(pipeline.config().concurrency.max(1)));
     let mut in_flight = InFlight::default();
@@ -87,24 +103,12 @@ pub(super) async fn consume_ordered(
     if out > 0 {
         // What came back first is admitted in stream order, however the
         // broker's redeliveries were ordered among themselves.
-        let mut first = Vec::new();
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => {}
-            () = deliveries.fill(&mut first, out, GATHER_LINGER) => {}
-        }
-        first.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
-        for msg in first {
-            match key_of(&rule, &msg) {
-                Some((key, seq)) => {
-                    if let Some(now) = lanes.arrived(&key, seq, msg) {
-                        ready.push_back((now, Some(key)));
-                    }
-                }
-                None => ready.push_back((msg, None)),
-            }
-        }
+        let first = gather(&mut deliveries, &stop, Vec::new(), out).await;
+        admit_sorted(&rule, &mut lanes, &mut ready, first);
     }
+    // The pin JetStream serves this partition's consumer to this host
+    // under (partitions only).
+    let mut pin: Option<String> = None;
     let mut permit: Option<OwnedSemaphorePermit> = None;
     let mut keeper = Keeper::default();
     // Since when the database has been down (the pull paused).
@@ -165,6 +169,18 @@ pub(super) async fn consume_ordered(
                 if let Some(started) = started.take() {
                     let _ = started.send(());
                 }
+                if let Some(now) = pin_of(&msg)
+                    && pin.as_deref() != Some(now)
+                {
+                    // A partition just given to this host: what the host
+                    // before held comes back first (priority_timeout is
+                    // past its ack_wait), perhaps in several sets: gathered
+                    // and admitted in stream order, as at a start.
+                    pin = Some(now.to_string());
+                    let first = gather(&mut deliveries, &stop, vec![msg], TAKEOVER_GATHER).await;
+                    admit_sorted(&rule, &mut lanes, &mut ready, first);
+                    continue;
+                }
                 match key_of(&rule, &msg) {
                     Some((key, seq)) => {
                         // Else it waits in its lane, and the slot stays free.
@@ -190,6 +206,47 @@ pub(super) async fn consume_ordered(
         stopping.grace,
     )
     .await;
+}
+
+/// Most messages gathered when a partition is given to this host: the
+/// consumers' `max_ack_pending`, all a host before could have held.
+const TAKEOVER_GATHER: usize = 1000;
+
+/// `first` and what else arrives within [`GATHER_LINGER`], up to `max` in
+/// all (or until `stop`).
+async fn gather(
+    deliveries: &mut Deliveries,
+    stop: &CancellationToken,
+    mut first: Vec<Message>,
+    max: usize,
+) -> Vec<Message> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => {}
+        () = deliveries.fill(&mut first, max, GATHER_LINGER) => {}
+    }
+    first
+}
+
+/// Admits `batch` to the lanes in stream order; what may run now goes to
+/// `ready`.
+fn admit_sorted(
+    rule: &OrderKey,
+    lanes: &mut KeyLanes<Message>,
+    ready: &mut VecDeque<(Message, Option<String>)>,
+    mut batch: Vec<Message>,
+) {
+    batch.sort_by_key(|m| m.info().map_or(u64::MAX, |i| i.stream_sequence));
+    for msg in batch {
+        match key_of(rule, &msg) {
+            Some((key, seq)) => {
+                if let Some(now) = lanes.arrived(&key, seq, msg) {
+                    ready.push_back((now, Some(key)));
+                }
+            }
+            None => ready.push_back((msg, None)),
+        }
+    }
 }
 
 /// Sends `+WPI` for each of `waiting`, each send bounded by a second.
@@ -238,7 +295,7 @@ impl Keeper {
 #[allow(clippy::too_many_arguments)]
 async fn stop_in_order(
     pipeline: &Pipeline,
-    rule: &IdentityRule,
+    rule: &OrderKey,
     deliveries: &mut Deliveries,
     in_flight: InFlight,
     mut lanes: KeyLanes<Message>,

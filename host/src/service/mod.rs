@@ -58,6 +58,16 @@ const MAX_ACK_PENDING: i64 = 1000;
 
 struct RunningHandler {
     pipeline: Arc<Pipeline>,
+    /// Its durable consumers: one, or one per partition (`partitions`),
+    /// each with a consuming loop of its own.
+    consumers: Vec<HandlerConsumer>,
+}
+
+/// One durable consumer of a handler and its consuming loop's state.
+struct HandlerConsumer {
+    /// The handler's config with [`crate::config::HandlerConfig::partition`]
+    /// set for a partition's consumer.
+    config: crate::config::HandlerConfig,
     consumer:
         async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
     /// When the consumer's stream was created (a stream made again differs).
@@ -127,10 +137,17 @@ impl Host {
             handlers: self
                 .handlers
                 .iter()
-                .map(|h| crate::service::http::HandlerReadiness {
-                    name: h.pipeline.name().clone(),
-                    consuming: h.consuming.clone(),
-                    liveness: h.liveness.clone(),
+                .flat_map(|h| {
+                    h.consumers
+                        .iter()
+                        .map(|c| crate::service::http::HandlerReadiness {
+                            name: match c.config.partition {
+                                None => h.pipeline.name().clone(),
+                                Some(_) => c.config.durable_name().into(),
+                            },
+                            consuming: c.consuming.clone(),
+                            liveness: c.liveness.clone(),
+                        })
                 })
                 .collect(),
             stopping: vec![shutdown, self.stop.clone()],

@@ -29,48 +29,50 @@ impl Host {
         let mut tasks = Vec::new();
         let mut consuming = Vec::new();
         for h in &self.handlers {
-            let (ready, consumes) = tokio::sync::oneshot::channel();
-            consuming.push(consumes);
-            let deliveries = Deliveries::new(
-                &self.nats,
-                h.consumer.clone(),
-                h.stream_created,
-                h.pipeline.config().pull_size(),
-                h.pipeline.config(),
-                MAX_ACK_PENDING,
-                h.liveness.clone(),
-            );
-            let lost = Lost {
-                stop: stop.clone(),
-                failure: self.failure.clone(),
-            };
-            let stopping = Stopping {
-                grace: self.grace,
-                ready,
-            };
-            let (pipeline, gate, consuming) =
-                (h.pipeline.clone(), self.gate.clone(), h.consuming.clone());
-            tasks.push(match h.pipeline.config().order_key.clone() {
-                None => tokio::spawn(consume(
-                    pipeline,
-                    deliveries,
-                    gate,
-                    stop.clone(),
-                    consuming,
-                    lost,
-                    stopping,
-                )),
-                Some(key) => tokio::spawn(consume_ordered(
-                    pipeline,
-                    deliveries,
-                    gate,
-                    stop.clone(),
-                    consuming,
-                    lost,
-                    stopping,
-                    key.0,
-                )),
-            });
+            for c in &h.consumers {
+                let (ready, consumes) = tokio::sync::oneshot::channel();
+                consuming.push(consumes);
+                let deliveries = Deliveries::new(
+                    &self.nats,
+                    c.consumer.clone(),
+                    c.stream_created,
+                    h.pipeline.config().pull_size(),
+                    &c.config,
+                    MAX_ACK_PENDING,
+                    c.liveness.clone(),
+                );
+                let lost = Lost {
+                    stop: stop.clone(),
+                    failure: self.failure.clone(),
+                };
+                let stopping = Stopping {
+                    grace: self.grace,
+                    ready,
+                };
+                let (pipeline, gate, consuming) =
+                    (h.pipeline.clone(), self.gate.clone(), c.consuming.clone());
+                tasks.push(match c.config.order_key.clone() {
+                    None => tokio::spawn(consume(
+                        pipeline,
+                        deliveries,
+                        gate,
+                        stop.clone(),
+                        consuming,
+                        lost,
+                        stopping,
+                    )),
+                    Some(key) => tokio::spawn(consume_ordered(
+                        pipeline,
+                        deliveries,
+                        gate,
+                        stop.clone(),
+                        consuming,
+                        lost,
+                        stopping,
+                        key,
+                    )),
+                });
+            }
         }
         let watches = self.watch_modules();
         let deploy_tasks = self.follow_deployments();
@@ -106,7 +108,7 @@ impl Host {
                 .iter()
                 .map(|h| GaugeTarget {
                     pipeline: h.pipeline.clone(),
-                    consumer: h.consumer.clone(),
+                    consumers: h.consumers.iter().map(|c| c.consumer.clone()).collect(),
                 })
                 .collect(),
         ));
@@ -119,8 +121,11 @@ impl Host {
                 }
             }
             RunMode::Drain => {
-                let mut consumers: Vec<_> =
-                    self.handlers.iter().map(|h| h.consumer.clone()).collect();
+                let mut consumers: Vec<_> = self
+                    .handlers
+                    .iter()
+                    .flat_map(|h| h.consumers.iter().map(|c| c.consumer.clone()))
+                    .collect();
                 tokio::select! {
                     () = shutdown.cancelled() => {}
                     () = stop.cancelled() => {}

@@ -1,7 +1,7 @@
 //! [`Host::start`]: everything a host does before it consumes, each
 //! failure one line that names what failed.
 
-use super::{Host, MAX_ACK_PENDING, RunningHandler};
+use super::{HandlerConsumer, Host, MAX_ACK_PENDING, RunningHandler};
 use crate::broker::{
     self,
     clock::{self, BrokerClock},
@@ -102,11 +102,24 @@ impl Host {
         let mut handlers = Vec::new();
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
-            let ensured = ensure_through_elections(js, h).await?;
-            if ensured.created && ensured.stored > 0 {
-                warn_if_replaying(&db, h, ensured.stored).await;
+            let mut consumers = Vec::new();
+            let mut stored = 0;
+            let mut created = false;
+            for part in h.per_partition() {
+                let ensured = ensure_through_elections(js, &part).await?;
+                created |= ensured.created;
+                stored += ensured.stored;
+                consumers.push(HandlerConsumer {
+                    config: part,
+                    consumer: ensured.consumer,
+                    stream_created: ensured.stream_created,
+                    consuming: Arc::default(),
+                    liveness: Arc::default(),
+                });
             }
-            let (consumer, stream_created) = (ensured.consumer, ensured.stream_created);
+            if created && stored > 0 {
+                warn_if_replaying(&db, h, stored).await;
+            }
             check_horizon(js, h).await?;
             let clock = match clocks.iter().find(|(s, _)| *s == h.stream) {
                 Some((_, c)) => c.clone(),
@@ -132,10 +145,7 @@ impl Host {
             let pipeline = Arc::new(pipeline);
             handlers.push(RunningHandler {
                 pipeline,
-                consumer,
-                stream_created,
-                consuming: Arc::default(),
-                liveness: Arc::default(),
+                consumers,
             });
         }
         // After every handler's stream exists: a handler may publish to

@@ -101,8 +101,10 @@ pub(super) async fn read_clocks_forever(
 /// One handler as the gauge refresh sees it.
 pub(super) struct GaugeTarget {
     pub(super) pipeline: Arc<Pipeline>,
-    pub(super) consumer:
+    /// Its durable consumers (one per partition), whose counts are summed.
+    pub(super) consumers: Vec<
         async_nats::jetstream::consumer::Consumer<async_nats::jetstream::consumer::pull::Config>,
+    >,
 }
 
 /// Every [`GAUGE_REFRESH`], per handler: the consumer's pending and
@@ -118,14 +120,23 @@ pub(super) async fn refresh_gauges_forever(db: Arc<Database>, mut handlers: Vec<
         tick.tick().await;
         for h in &mut handlers {
             let stats = h.pipeline.stats();
-            match h.consumer.info().await {
-                Ok(info) => stats.set_consumer(
-                    info.num_pending,
-                    u64::try_from(info.num_ack_pending).unwrap_or(0),
-                ),
-                Err(e) => {
-                    tracing::debug!(handler = %h.pipeline.name(), error = %e, "consumer info not read for the metrics")
+            let mut counts = Some((0, 0));
+            for c in &mut h.consumers {
+                match c.info().await {
+                    Ok(info) => {
+                        if let Some((pending, ack_pending)) = counts.as_mut() {
+                            *pending += info.num_pending;
+                            *ack_pending += u64::try_from(info.num_ack_pending).unwrap_or(0);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(handler = %h.pipeline.name(), error = %e, "consumer info not read for the metrics");
+                        counts = None;
+                    }
                 }
+            }
+            if let Some((pending, ack_pending)) = counts {
+                stats.set_consumer(pending, ack_pending);
             }
             match db.receipt_gauges(h.pipeline.name()).await {
                 Ok(g) => {

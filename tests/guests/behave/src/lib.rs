@@ -15,10 +15,11 @@
 //! - `log` `{bytes, lines?}`: logs `lines` lines (default 1) of `bytes` bytes each.
 //! - `retry-once-then-credit` `{account_id, amount}`: retries on the first
 //!   delivery, credits on later ones.
-//! - `version` `{key, version, retry_first?}`: sets `accounts.balance` of
-//!   `account_id = key` to `version` when it follows the row's (1 makes the
-//!   row), else rejects as out of order; retries the first delivery when
-//!   `retry_first`.
+//! - `version` `{key, version, retry_first?, subject?}`: sets
+//!   `accounts.balance` of `account_id = key` to `version` when it follows
+//!   the row's (1 makes the row), else rejects as out of order; retries the
+//!   first delivery when `retry_first`; rejects a message whose subject is
+//!   not `subject`, when given.
 //! - `credit-then-loop-once` `{account_id, amount}`: credits, then on the
 //!   first delivery spins (until the host's deadline, or until the host
 //!   drops the call at the end of its shutdown grace); on later deliveries
@@ -205,9 +206,18 @@ fn recurse(depth: u64, shadow: bool) -> u64 {
 
 /// `version`: the row of `account_id = key` goes to `version`, which must
 /// follow the row's (1 makes the row); anything else rejects as out of
-/// order. `retry_first`: retries on the first delivery.
+/// order. `retry_first`: retries on the first delivery. `subject`: the
+/// subject the message must carry (rejected otherwise).
 fn version(p: &Json, msg: &Message) -> Result<(), HandlerError> {
     let (key, v) = (int(p, "key")?, int(p, "version")?);
+    if let Some(want) = p.get("subject").and_then(Json::as_str)
+        && msg.subject != want
+    {
+        return Err(HandlerError::reject(format!(
+            "subject `{}` is not `{want}`",
+            msg.subject
+        )));
+    }
     if p.get("retry_first").and_then(Json::as_bool) == Some(true) && msg.delivery_count <= 1 {
         return Err(HandlerError::retry("first delivery"));
     }

@@ -1,0 +1,233 @@
+//! Partitions (`partitions = 8`, `order_key = "subject:2"`): idem sets the
+//! stream's subject transform, which stores `accounts.<key>` under
+//! `<p>.accounts.<key>`, and one durable consumer per partition with a
+//! pinned-client priority group, so that JetStream serves each partition
+//! to one host at a time and gives it to another when that host stops
+//! pulling (`priority_timeout`).
+//!
+//! Three host processes on one broker and one PostgreSQL database; 200
+//! keys with 10 version-numbered updates each, published to
+//! `accounts.<key>` (a key's versions ten messages apart), one update in
+//! 20 retried on its first delivery, and 100 copies published after every
+//! original. Once 600 updates are applied the host pinned for the most
+//! partitions is SIGKILLed and a fourth host is started. The `behave`
+//! guest's `version` op rejects a version that does not follow its row's
+//! and a message whose subject is not the one it was published to: no
+//! dead letter means no key was ever applied out of order, across the
+//! kill and the hand-over of its partitions, and the guest saw the
+//! published subject, not the stored one. Every key ends at version 10
+//! and the receipts are exactly the 2,000 updates.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use idem_tests::chaos::{HostProcess, Probe};
+use idem_tests::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const HANDLER: &str = "versions";
+const KEYS: i64 = 200;
+const VERSIONS: i64 = 10;
+const COPIES: i64 = 100;
+const PARTITIONS: u32 = 8;
+/// What a host logs when JetStream pins one of its partition pulls.
+const PINNED: &str = "this host is now pinned for the consumer";
+
+fn update(key: i64, version: i64) -> String {
+    serde_json::json!({
+        "op": "version",
+        "event_id": format!("k{key}-v{version}"),
+        "key": key,
+        "version": version,
+        "retry_first": (key * VERSIONS + version) % 20 == 7,
+        "subject": format!("accounts.{key}"),
+    })
+    .to_string()
+}
+
+async fn publish_workload(js: &async_nats::jetstream::Context) {
+    for block in 0..KEYS / 10 {
+        for version in 1..=VERSIONS {
+            for key in block * 10..block * 10 + 10 {
+                publish(js, &format!("accounts.{key}"), &update(key, version), &[]).await;
+            }
+        }
+    }
+    for i in 0..COPIES {
+        let (key, version) = (i * 2 % KEYS, i % VERSIONS + 1);
+        publish(js, &format!("accounts.{key}"), &update(key, version), &[]).await;
+    }
+}
+
+fn host_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_idem-test-host"))
+}
+
+fn log_of(host: &HostProcess) -> String {
+    std::fs::read_to_string(&host.log).unwrap_or_default()
+}
+
+/// Waits until `host` says every handler is consuming.
+async fn until_consuming(host: &mut HostProcess) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log_of(host).contains("every handler is consuming") {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "the host did not start; log:\n{}",
+            log_of(host)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `n` updates are applied (180 s at most).
+async fn until_applied(probe: &Probe, hosts: &[&HostProcess], n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let applied = probe.receipts(HANDLER).await.unwrap_or(0);
+        if applied >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{applied} of {n} applied; logs:\n{}",
+            hosts
+                .iter()
+                .map(|h| log_of(h))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_keep_each_key_in_order_across_hosts_and_a_kill() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    spec.extra.push_str(&format!(
+        "order_key = \"subject:2\"\npartitions = {PARTITIONS}\nconcurrency = 2\nmax_deliver = 3\nack_wait = \"3s\"\ndeadline = \"1s\"\n"
+    ));
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("max_connections = 4", "max_connections = 17"),
+    )
+    .unwrap();
+    let probe = Probe::new(&db);
+    let mut hosts = Vec::new();
+    for name in ["h1", "h2", "h3"] {
+        let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), name);
+        until_consuming(&mut host).await;
+        hosts.push(host);
+    }
+    // The stream and one consumer per partition, as idem made them.
+    let js = nats.jetstream().await;
+    let mut stream = js.get_stream("ACCOUNTS").await.unwrap();
+    let transform = stream
+        .info()
+        .await
+        .unwrap()
+        .config
+        .subject_transform
+        .clone();
+    assert_eq!(
+        transform.map(|t| (t.source, t.destination)),
+        Some((
+            "accounts.*".to_string(),
+            "{{partition(8,1)}}.accounts.{{wildcard(1)}}".to_string()
+        ))
+    );
+    for p in 0..PARTITIONS {
+        let c: async_nats::jetstream::consumer::PullConsumer = stream
+            .get_consumer(&format!("{HANDLER}-p{p}"))
+            .await
+            .unwrap();
+        let config = &c.cached_info().config;
+        assert_eq!(config.filter_subject, format!("{p}.accounts.*"));
+        assert_eq!(config.priority_groups, vec!["idem".to_string()]);
+        assert_eq!(config.priority_timeout, Duration::from_secs(18));
+    }
+    publish_workload(&js).await;
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), 600).await;
+    // The host JetStream pinned for the most partitions is killed.
+    let pins: Vec<usize> = hosts
+        .iter()
+        .map(|h| log_of(h).matches(PINNED).count())
+        .collect();
+    let victim = (0..hosts.len()).max_by_key(|&i| pins[i]).unwrap();
+    assert!(pins[victim] > 0, "no host was pinned: {pins:?}");
+    let applied_at_kill = probe.receipts(HANDLER).await.unwrap();
+    hosts[victim].sigkill();
+    let killed_at = Instant::now();
+    let killed = hosts.remove(victim);
+    let mut added = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h4");
+    until_consuming(&mut added).await;
+    hosts.push(added);
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), KEYS * VERSIONS).await;
+    // The killed host's partitions went to the others.
+    let pinned_after: usize = hosts
+        .iter()
+        .map(|h| log_of(h).matches(PINNED).count())
+        .sum();
+    let pinned_before: usize = pins.iter().sum::<usize>() - pins[victim];
+    eprintln!(
+        "pins per host before the kill {pins:?}; killed the host pinned {} times with {applied_at_kill} applied; the rest applied {:.1}s after the kill; pins after: {pinned_after} (the others had {pinned_before})",
+        pins[victim],
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert!(
+        pinned_after > pinned_before,
+        "no partition was given to another host after the kill ({pins:?} before)"
+    );
+    assert_eq!(
+        db.dead_letters(HANDLER).await,
+        vec![],
+        "killed host's log:\n{}",
+        log_of(&killed)
+    );
+    for key in 0..KEYS {
+        assert_eq!(db.balance(key).await, Some(VERSIONS), "key {key}");
+    }
+    assert_eq!(db.receipts(HANDLER).await, KEYS * VERSIONS);
+    for host in hosts {
+        let ended = host.terminate(Duration::from_secs(30));
+        assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    }
+}
+
+/// A stream that exists without the transform `partitions` needs is
+/// refused at start, in one line naming the transform it needs.
+#[tokio::test]
+async fn a_stream_without_the_transform_is_refused() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "ACCOUNTS".into(),
+        subjects: vec!["accounts.*".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    spec.extra
+        .push_str("order_key = \"subject:2\"\npartitions = 2\nack_wait = \"3s\"\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let config = idem::config::Config::load(&cfg).unwrap();
+    let err = match idem::service::Host::start(&config).await {
+        Ok(_) => panic!("a host started on a stream without the transform"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains(
+            "handler `versions`: stream `ACCOUNTS` does not partition its messages as partitions = 2 needs (subject transform accounts.* -> {{partition(2,1)}}.accounts.{{wildcard(1)}}; it has none)"
+        ),
+        "{err}"
+    );
+}
