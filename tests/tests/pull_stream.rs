@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use async_nats::jetstream::{self, consumer::pull};
-use idem::broker::{PullError, PullSettings, PullStream};
+use idem::broker::{PullError, PullSettings, PullStream, SharedPin};
 use idem_tests::*;
 use std::time::Duration;
 
@@ -233,4 +233,74 @@ async fn a_request_after_a_long_pause_is_not_taken_for_lost() {
         "unexpected item: {:?}",
         next.map(|i| i.map(|r| r.map(|_| ())))
     );
+}
+
+/// A consumer with a pinned-client priority group (a partition's): the
+/// stream that gets the pin names it in its later requests, keeps it when
+/// it is opened again (a reconnect, a pause), and a stream without the pin
+/// waits as a standby while the pinned one is served. Without the kept
+/// pin the stream opened again would be a standby too, and nothing would
+/// come until `priority_timeout` (60 s here) let the old pin lapse.
+#[tokio::test]
+async fn a_pull_stream_opened_again_keeps_its_pin() {
+    let nats = Nats::start();
+    let js = stream_with_consumer(
+        &nats,
+        2,
+        pull::Config {
+            priority_policy: jetstream::consumer::PriorityPolicy::PinnedClient,
+            priority_groups: vec!["idem".into()],
+            priority_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+    )
+    .await;
+    let pinned = PullSettings {
+        pinned: true,
+        ..settings(1, Duration::from_secs(10), Duration::from_secs(2))
+    };
+    let liveness = std::sync::Arc::new(idem::broker::liveness::Liveness::default());
+    let pin = SharedPin::default();
+    let mut first =
+        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness.clone(), pin.clone())
+            .await
+            .unwrap();
+    let m = next_item(&mut first, Duration::from_secs(5)).await.unwrap();
+    m.ack().await.unwrap();
+    let given = pin.lock().unwrap().clone();
+    assert!(given.is_some(), "the first message carried no pin");
+    assert_eq!(
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Pin-Id"))
+            .map(|v| v.to_string()),
+        given
+    );
+    drop(first);
+    let mut again =
+        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness.clone(), pin.clone())
+            .await
+            .unwrap();
+    let mut standby =
+        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness, SharedPin::default())
+            .await
+            .unwrap();
+    let m = next_item(&mut again, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(payloads(std::slice::from_ref(&m)), vec![1]);
+    m.ack().await.unwrap();
+    js.publish("pull.m".to_string(), "2".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let m = next_item(&mut again, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(payloads(std::slice::from_ref(&m)), vec![2]);
+    m.ack().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), standby.next())
+            .await
+            .is_err(),
+        "the standby was served while another stream held the pin"
+    );
+    assert_eq!(*pin.lock().unwrap(), given);
 }

@@ -4,7 +4,7 @@
 //! under a running host (ARCHITECTURE.md, "Code map": broker).
 
 use super::liveness::Liveness;
-use super::pull_stream::{PullError, PullSettings, PullStream};
+use super::pull_stream::{PullError, PullSettings, PullStream, SharedPin};
 use super::{Broker, PULL_EXPIRES, PULL_HEARTBEAT, ensure_consumer_from};
 use crate::backoff;
 use crate::config::HandlerConfig;
@@ -56,6 +56,9 @@ pub struct Deliveries {
     /// What the server said to this handler's pull requests, across the
     /// pull streams opened.
     liveness: Arc<Liveness>,
+    /// The pin a partition's consumer gave this host, across the pull
+    /// streams opened.
+    pin: SharedPin,
 }
 
 /// How often [`Deliveries`] reads its consumer's ack floor again.
@@ -93,6 +96,7 @@ impl Deliveries {
             unanswered_said: false,
             failed: None,
             liveness,
+            pin: SharedPin::default(),
         }
     }
 
@@ -242,7 +246,7 @@ impl Deliveries {
     pub async fn open(&mut self) -> Result<(), PullError> {
         if self.stream.is_none() {
             let info = self.consumer.cached_info();
-            let stream = PullStream::open_heard(
+            let stream = PullStream::open_pinned(
                 &self.js,
                 &info.stream_name,
                 &info.name,
@@ -253,6 +257,7 @@ impl Deliveries {
                     pinned: self.handler.partition.is_some(),
                 },
                 self.liveness.clone(),
+                self.pin.clone(),
             )
             .await?;
             self.stream = Some(stream);

@@ -35,7 +35,7 @@ mod pull_stream;
 pub mod unanswered;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
-pub use pull_stream::{PullError, PullSettings, PullStream};
+pub use pull_stream::{PullError, PullSettings, PullStream, SharedPin};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
 /// heartbeat when no messages flow; two missed ones surface as an error item

@@ -152,6 +152,25 @@ impl PullStream {
         settings: PullSettings,
         liveness: Arc<Liveness>,
     ) -> Result<Self, PullError> {
+        Self::open_pinned(js, stream, consumer, settings, liveness, Arc::default()).await
+    }
+
+    /// [`PullStream::open_heard`] for a consumer with a priority group
+    /// ([`PullSettings::pinned`]), starting from the pin in `pin` and
+    /// keeping there the one the server gives or takes back, so a pull
+    /// stream opened again (a reconnect, a pause) keeps this host's pin
+    /// instead of waiting `priority_timeout` for it to lapse.
+    ///
+    /// # Errors
+    /// As [`PullStream::open`].
+    pub async fn open_pinned(
+        js: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+        settings: PullSettings,
+        liveness: Arc<Liveness>,
+        pin: SharedPin,
+    ) -> Result<Self, PullError> {
         let client = js.client();
         let inbox = client.new_inbox();
         let subscriber = client
@@ -163,8 +182,8 @@ impl PullStream {
             context: js.clone(),
             subject: format!("{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
             inbox: inbox.into(),
-            request: request_body(settings, settings.size, None),
-            pin: None,
+            request: request_body(settings, settings.size, current(&pin).as_deref()),
+            pin,
             last_request: tokio::time::Instant::now(),
             settings,
             outstanding: 0,
@@ -246,6 +265,17 @@ fn request_body(settings: PullSettings, size: usize, pin: Option<&str>) -> bytes
     body.to_string().into()
 }
 
+/// The pin the server gave a consumer's pull requests (`Nats-Pin-Id`), kept
+/// across the pull streams a handler opens; `None` while standing by.
+pub type SharedPin = Arc<std::sync::Mutex<Option<String>>>;
+
+/// The pin in `pin` now.
+fn current(pin: &SharedPin) -> Option<String> {
+    pin.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 /// The task's state: what it asked for and what is waiting to be taken.
 struct Puller {
     client: async_nats::Client,
@@ -254,8 +284,9 @@ struct Puller {
     inbox: async_nats::Subject,
     request: bytes::Bytes,
     settings: PullSettings,
-    /// The pin the server gave this stream (`Nats-Pin-Id`), while it holds it.
-    pin: Option<String>,
+    /// The pin the server gave this consumer's requests (`Nats-Pin-Id`),
+    /// while this host holds it.
+    pin: SharedPin,
     /// When the latest request went out.
     last_request: tokio::time::Instant,
     /// Messages asked for and neither received nor given up by the server.
@@ -282,7 +313,7 @@ impl Puller {
     /// Publishes a request for one message, so that the server hears from
     /// a pinned stream that has enough buffered (its pin would lapse).
     async fn keep_pin(&mut self) -> Result<(), PullError> {
-        let body = request_body(self.settings, 1, self.pin.as_deref());
+        let body = request_body(self.settings, 1, current(&self.pin).as_deref());
         self.send(1, body).await
     }
 
@@ -303,10 +334,11 @@ impl Puller {
 
     /// Takes `pin` (or none) as this stream's pin: later requests name it.
     fn set_pin(&mut self, pin: Option<String>) {
-        if pin != self.pin {
-            self.pin = pin;
-            self.request = request_body(self.settings, self.settings.size, self.pin.as_deref());
-        }
+        self.request = request_body(self.settings, self.settings.size, pin.as_deref());
+        *self
+            .pin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = pin;
     }
 
     /// Whether at most half a request is buffered or still to come.
@@ -402,7 +434,7 @@ impl Puller {
                         .as_ref()
                         .and_then(|h| h.get("Nats-Pin-Id"))
                         .map(|v| v.as_str().to_string());
-                    if pin.is_some() && pin != self.pin {
+                    if pin.is_some() && pin != current(&self.pin) {
                         tracing::info!(subject = %self.subject, "this host is now pinned for the consumer (JetStream serves it alone until it stops pulling)");
                         self.set_pin(pin);
                     }
