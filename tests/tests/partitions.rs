@@ -200,7 +200,9 @@ async fn partitions_keep_each_key_in_order_across_hosts_and_a_kill() {
 }
 
 /// A stream that exists without the transform `partitions` needs is
-/// refused at start, in one line naming the transform it needs.
+/// refused at start, in one line naming the transform it needs; and a
+/// handler without partitions on a stream that transforms its subjects
+/// (it would never see a message) is refused too.
 #[tokio::test]
 async fn a_stream_without_the_transform_is_refused() {
     let nats = Nats::start();
@@ -227,6 +229,32 @@ async fn a_stream_without_the_transform_is_refused() {
     assert!(
         err.contains(
             "handler `versions`: stream `ACCOUNTS` does not partition its messages as partitions = 2 needs (subject transform accounts.* -> {{partition(2,1)}}.accounts.{{wildcard(1)}}; it has none)"
+        ),
+        "{err}"
+    );
+    js.delete_stream("ACCOUNTS").await.unwrap();
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "ACCOUNTS".into(),
+        subjects: vec!["accounts.*".into()],
+        subject_transform: Some(async_nats::jetstream::stream::SubjectTransform {
+            source: "accounts.*".into(),
+            destination: "{{partition(2,1)}}.accounts.{{wildcard(1)}}".into(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let config = idem::config::Config::load(&cfg).unwrap();
+    let err = match idem::service::Host::start(&config).await {
+        Ok(_) => panic!("a host without partitions started on a partitioned stream"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains(
+            "handler `versions`: stream `ACCOUNTS` stores what is published to `accounts.*` under `{{partition(2,1)}}.accounts.{{wildcard(1)}}` (a subject transform, as for partitions), so a consumer filtering on [\"accounts.*\"] would never see a message"
         ),
         "{err}"
     );

@@ -152,6 +152,22 @@ pub async fn ensure_consumer_from(
                 ))
         );
     }
+    if transform.is_none()
+        && let Some(t) = &stream_config.subject_transform
+        && handler
+            .subjects
+            .iter()
+            .any(|s| drift::captures(&t.source, s) || drift::captures(s, &t.source))
+    {
+        anyhow::bail!(
+            "handler `{}`: stream `{}` stores what is published to `{}` under `{}` (a subject transform, as for partitions), so a consumer filtering on {:?} would never see a message; set the handler's partitions to match, or use a stream without the transform",
+            handler.name,
+            handler.stream,
+            t.source,
+            t.destination,
+            handler.subjects
+        );
+    }
     let missing = drift::uncaptured(&stream_config.subjects, &handler.subjects);
     if !missing.is_empty() {
         let owned = stream_config

@@ -35,7 +35,9 @@
 //! is answered 423; the client then asks without one and waits as a
 //! standby. The pin lasts while the pinned client sends a new request at
 //! least every `priority_timeout`: a pinned stream sends one (of a single
-//! message) every `expires` even when it has enough buffered.
+//! message) every `expires` even when it has enough buffered. A stream that
+//! gains the pin counts off its other requests (the server serves only the
+//! one it pinned) and asks again with the pin.
 
 use super::liveness::Liveness;
 use async_nats::jetstream;
@@ -369,7 +371,7 @@ impl Puller {
             let keep_pin_at = self.last_request + self.settings.expires;
             let msg = tokio::select! {
                 msg = subscriber.next() => msg,
-                () = tokio::time::sleep_until(keep_pin_at), if self.settings.pinned && !held_back => {
+                () = tokio::time::sleep_until(keep_pin_at), if self.settings.pinned && !held_back && current(&self.pin).is_some() => {
                     if let Err(e) = self.keep_pin().await {
                         let _ = tx.send(Err(e));
                         return;
@@ -437,6 +439,11 @@ impl Puller {
                     if pin.is_some() && pin != current(&self.pin) {
                         tracing::info!(subject = %self.subject, "this host is now pinned for the consumer (JetStream serves it alone until it stops pulling)");
                         self.set_pin(pin);
+                        // The server serves the request it pinned, and no
+                        // other of ours without the pin (they wait out their
+                        // expiry): count them off so that the next request,
+                        // with the pin, goes out at once.
+                        self.outstanding = 0;
                     }
                 }
                 if self.outstanding == 0 {

@@ -121,10 +121,11 @@ pub struct HandlerConfig {
     pub partitions: Option<u32>,
     /// With `partitions`: how long a host may go without pulling from a
     /// partition before JetStream gives the partition to another host
-    /// (the consumer's `priority_timeout`). At least `ack_wait` plus 15 s,
-    /// so that what a dead host held has come back to the stream's
-    /// redelivery queue before another host is served. Default: `ack_wait`
-    /// plus 15 s.
+    /// (the consumer's `priority_timeout`). At least the longer of
+    /// `ack_wait` and the longest nak delay, plus 15 s, so that what a dead
+    /// host held (in flight, or naked with its delay) has come back to the
+    /// stream's redelivery queue before another host is served. Default:
+    /// that least value.
     #[serde(
         default,
         with = "humantime_serde",
@@ -444,10 +445,25 @@ impl HandlerConfig {
         }
     }
 
-    /// `priority_timeout`, else `ack_wait` plus [`PRIORITY_TIMEOUT_MARGIN`].
+    /// `priority_timeout`, else [`HandlerConfig::min_priority_timeout`].
     pub fn priority_timeout(&self) -> Duration {
         self.priority_timeout
-            .unwrap_or(self.ack_wait + PRIORITY_TIMEOUT_MARGIN)
+            .unwrap_or_else(|| self.min_priority_timeout())
+    }
+
+    /// The shortest `priority_timeout` that lets what a dead host held come
+    /// back before its partition moves: the longer of `ack_wait` and the
+    /// longest nak delay (`backoff`, `retry_delay`), plus
+    /// [`PRIORITY_TIMEOUT_MARGIN`].
+    pub fn min_priority_timeout(&self) -> Duration {
+        let longest_nak = self
+            .backoff
+            .iter()
+            .map(|d| d.0)
+            .chain(self.retry_delay)
+            .max()
+            .unwrap_or(Duration::from_secs(1));
+        self.ack_wait.max(longest_nak) + PRIORITY_TIMEOUT_MARGIN
     }
 
     /// One copy of this config per partition (`partition` set), or this

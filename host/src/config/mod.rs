@@ -425,12 +425,30 @@ impl Config {
                 if let Err(why) = crate::broker::partition::transform(h) {
                     problems.push(why);
                 }
-                if h.priority_timeout() < h.ack_wait + handler::PRIORITY_TIMEOUT_MARGIN {
+                if h.priority_timeout() < h.min_priority_timeout() {
                     problems.push(format!(
-                        "handler `{}`: priority_timeout must be at least ack_wait + {}s (what a dead host held must come back before another host takes its partition)",
+                        "handler `{}`: priority_timeout must be at least {}s, the longer of ack_wait and the longest nak delay plus {}s (what a dead host held must come back before another host takes its partition)",
                         h.name,
+                        h.min_priority_timeout().as_secs(),
                         handler::PRIORITY_TIMEOUT_MARGIN.as_secs()
                     ));
+                }
+                for other in &self.handlers {
+                    let taken = other
+                        .name
+                        .strip_prefix(&format!("{}-p", h.name))
+                        .and_then(|i| i.parse::<u32>().ok())
+                        .is_some_and(|i| i < n);
+                    if taken {
+                        problems.push(format!(
+                            "handler `{}`: its partitions' durable consumers are named `{}-p0` to `{}-p{}`, which handler `{}` also is; rename one",
+                            h.name,
+                            h.name,
+                            h.name,
+                            n.saturating_sub(1),
+                            other.name
+                        ));
+                    }
                 }
             } else if h.priority_timeout.is_some() {
                 problems.push(format!(
@@ -681,7 +699,7 @@ ack_wait = "10s"
                 "{ok}order_key = \"subject:2\"\npartitions = 4\npriority_timeout = \"10s\"\n"
             ))
             .unwrap_err(),
-            "handler `credit-projector`: priority_timeout must be at least ack_wait + 15s (what a dead host held must come back before another host takes its partition)"
+            "handler `credit-projector`: priority_timeout must be at least 20s, the longer of ack_wait and the longest nak delay plus 15s (what a dead host held must come back before another host takes its partition)"
         );
         assert_eq!(
             parse(&format!("{ok}order_key = \"json:/a\"\npartitions = 4\n")).unwrap_err(),
@@ -691,6 +709,27 @@ ack_wait = "10s"
             parse(&format!("{ok}order_key = \"subject:2\"\npartitions = 0\n"))
                 .unwrap_err()
                 .contains("partitions must be between 1 and 256")
+        );
+        let twin = "[[handler]]\nname = \"credit-projector-p2\"\nmodule = \"c.wasm\"\nstream = \"OTHER\"\nsubjects = [\"other\"]\n";
+        assert_eq!(
+            parse(&format!(
+                "{ok}order_key = \"subject:2\"\npartitions = 4\n{twin}"
+            ))
+            .unwrap_err(),
+            "handler `credit-projector`: its partitions' durable consumers are named `credit-projector-p0` to `credit-projector-p3`, which handler `credit-projector-p2` also is; rename one"
+        );
+        // A nak delay longer than ack_wait sets the least timeout.
+        let c = parse(&format!(
+            "{ok}order_key = \"subject:2\"\npartitions = 4\nbackoff = [\"1s\", \"1m\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.handlers[0].priority_timeout(), Duration::from_secs(75));
+        assert_eq!(
+            parse(&format!(
+                "{ok}order_key = \"subject:2\"\npartitions = 4\nbackoff = [\"1m\"]\npriority_timeout = \"30s\"\n"
+            ))
+            .unwrap_err(),
+            "handler `credit-projector`: priority_timeout must be at least 75s, the longer of ack_wait and the longest nak delay plus 15s (what a dead host held must come back before another host takes its partition)"
         );
         assert_eq!(
             parse(&format!("{ok}priority_timeout = \"1m\"\n")).unwrap_err(),

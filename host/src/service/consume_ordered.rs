@@ -39,15 +39,29 @@ const GATHER_LINGER: Duration = Duration::from_secs(2);
 /// How a finished run is reported to the loop: key, stream sequence, end.
 type Done = (String, u64, Ended);
 
+/// Where a loop reads each message's ordering key.
+#[derive(Debug, Clone)]
+pub(super) struct KeyRule {
+    /// The handler's `order_key`.
+    pub(super) order_key: OrderKey,
+    /// The handler has `partitions`: a stored subject starts with the
+    /// partition number, which `subject:N` does not count.
+    pub(super) partitioned: bool,
+}
+
 /// The key and stream sequence of `msg` by `rule`; `None` when it has no
 /// key (or is not a JetStream delivery): it runs unordered.
-fn key_of(rule: &OrderKey, msg: &Message) -> Option<(String, u64)> {
-    let key = match rule {
+fn key_of(rule: &KeyRule, msg: &Message) -> Option<(String, u64)> {
+    let key = match &rule.order_key {
         OrderKey::Field(rule) => {
             crate::pipeline::message_id::extract(rule, msg.headers.as_ref(), &msg.payload).ok()?
         }
         OrderKey::SubjectToken(n) => {
-            let subject = crate::broker::partition::published_subject(msg.subject.as_str());
+            let subject = if rule.partitioned {
+                crate::broker::partition::published_subject(msg.subject.as_str())
+            } else {
+                msg.subject.as_str()
+            };
             crate::broker::partition::token(subject, *n)?.to_string()
         }
     };
@@ -74,7 +88,7 @@ pub(super) async fn consume_ordered(
     consuming: Arc<AtomicBool>,
     lost: Lost,
     stopping: Stopping,
-    rule: OrderKey,
+    rule: KeyRule,
 ) {
     let slots = Arc::new(Semaphore::new(pipeline.config().concurrency.max(1)));
     let mut in_flight = InFlight::default();
@@ -231,7 +245,7 @@ async fn gather(
 /// Admits `batch` to the lanes in stream order; what may run now goes to
 /// `ready`.
 fn admit_sorted(
-    rule: &OrderKey,
+    rule: &KeyRule,
     lanes: &mut KeyLanes<Message>,
     ready: &mut VecDeque<(Message, Option<String>)>,
     mut batch: Vec<Message>,
@@ -295,7 +309,7 @@ impl Keeper {
 #[allow(clippy::too_many_arguments)]
 async fn stop_in_order(
     pipeline: &Pipeline,
-    rule: &OrderKey,
+    rule: &KeyRule,
     deliveries: &mut Deliveries,
     in_flight: InFlight,
     mut lanes: KeyLanes<Message>,

@@ -2,7 +2,7 @@
 //! wait for the stop (or the drain), and the stop in order.
 
 use super::consume::{Lost, Stopping, consume};
-use super::consume_ordered::consume_ordered;
+use super::consume_ordered::{KeyRule, consume_ordered};
 use super::tasks::{GaugeTarget, read_clocks_forever, refresh_gauges_forever, wait_drained};
 use super::{Host, MAX_ACK_PENDING, RunMode, Summary, report_stats_forever};
 use crate::broker::Deliveries;
@@ -69,7 +69,10 @@ impl Host {
                         consuming,
                         lost,
                         stopping,
-                        key,
+                        KeyRule {
+                            order_key: key,
+                            partitioned: c.config.partitions.is_some(),
+                        },
                     )),
                 });
             }
