@@ -9,8 +9,11 @@
 //! keys with 10 version-numbered updates each, published to
 //! `accounts.<key>` (a key's versions ten messages apart), one update in
 //! 20 retried on its first delivery, and 100 copies published after every
-//! original. Once 600 updates are applied the host pinned for the most
-//! partitions is SIGKILLed and a fourth host is started. The `behave`
+//! original. Once 500 updates are applied the host pinned for the most
+//! partitions is stopped (SIGTERM): it gives its pins back, and another
+//! host is pinned at once. A fourth host starts; at 1,200 the host pinned
+//! for the most partitions is SIGKILLed (its pins lapse after the
+//! `priority_timeout`) and a fifth starts. The `behave`
 //! guest's `version` op rejects a version that does not follow its row's
 //! and a message whose subject is not the one it was published to: no
 //! dead letter means no key was ever applied out of order, across the
@@ -64,6 +67,19 @@ fn host_bin() -> &'static Path {
 
 fn log_of(host: &HostProcess) -> String {
     std::fs::read_to_string(&host.log).unwrap_or_default()
+}
+
+/// How often each host has been pinned for a partition so far.
+fn pins_of(hosts: &[HostProcess]) -> Vec<usize> {
+    hosts
+        .iter()
+        .map(|h| log_of(h).matches(PINNED).count())
+        .collect()
+}
+
+/// The host pinned most often.
+fn most_pinned(pins: &[usize]) -> usize {
+    (0..pins.len()).max_by_key(|&i| pins[i]).unwrap_or(0)
 }
 
 /// Waits until `host` says every handler is consuming.
@@ -152,30 +168,58 @@ async fn partitions_keep_each_key_in_order_across_hosts_and_a_kill() {
         assert_eq!(config.priority_timeout, Duration::from_secs(18));
     }
     publish_workload(&js).await;
-    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), 600).await;
-    // The host JetStream pinned for the most partitions is killed.
-    let pins: Vec<usize> = hosts
-        .iter()
-        .map(|h| log_of(h).matches(PINNED).count())
-        .collect();
-    let victim = (0..hosts.len()).max_by_key(|&i| pins[i]).unwrap();
+    // A stop (SIGTERM) of the host pinned for the most partitions: what it
+    // did not run goes back in stream order and its pins are given back,
+    // so the others take its partitions at once, not after the 18 s
+    // priority_timeout.
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), 500).await;
+    let pins = pins_of(&hosts);
+    let stopping = most_pinned(&pins);
+    let stopped = hosts.remove(stopping);
+    let stopped_log = stopped.log.clone();
+    let ended = stopped.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    let stopped_at = Instant::now();
+    let log = std::fs::read_to_string(&stopped_log).unwrap();
+    assert!(
+        log.contains("gave back this host's pins on its partitions"),
+        "the stopped host gave back no pin ({pins:?}); log:\n{log}"
+    );
+    let before: usize = pins.iter().sum::<usize>() - pins[stopping];
+    while pins_of(&hosts).iter().sum::<usize>() <= before {
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(9),
+            "no other host was pinned within half the priority_timeout of the stop: the partitions waited for the pins to lapse"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "stop: pins per host {pins:?}, the stopped host held {}; another host pinned {:.2}s after it exited",
+        pins[stopping],
+        stopped_at.elapsed().as_secs_f64()
+    );
+    let mut added = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h4");
+    until_consuming(&mut added).await;
+    hosts.push(added);
+    // A SIGKILL of the host pinned for the most partitions now: its pins
+    // lapse after the priority_timeout, and what it held comes back first.
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), 1200).await;
+    let pins = pins_of(&hosts);
+    let victim = most_pinned(&pins);
     assert!(pins[victim] > 0, "no host was pinned: {pins:?}");
     let applied_at_kill = probe.receipts(HANDLER).await.unwrap();
     hosts[victim].sigkill();
     let killed_at = Instant::now();
     let killed = hosts.remove(victim);
-    let mut added = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h4");
+    let mut added = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h5");
     until_consuming(&mut added).await;
     hosts.push(added);
     until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), KEYS * VERSIONS).await;
     // The killed host's partitions went to the others.
-    let pinned_after: usize = hosts
-        .iter()
-        .map(|h| log_of(h).matches(PINNED).count())
-        .sum();
+    let pinned_after: usize = pins_of(&hosts).iter().sum();
     let pinned_before: usize = pins.iter().sum::<usize>() - pins[victim];
     eprintln!(
-        "pins per host before the kill {pins:?}; killed the host pinned {} times with {applied_at_kill} applied; the rest applied {:.1}s after the kill; pins after: {pinned_after} (the others had {pinned_before})",
+        "kill: pins per host {pins:?}; killed the host pinned {} times with {applied_at_kill} applied; the rest applied {:.1}s after the kill; pins after: {pinned_after} (the others had {pinned_before})",
         pins[victim],
         killed_at.elapsed().as_secs_f64()
     );

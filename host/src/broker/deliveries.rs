@@ -100,6 +100,13 @@ impl Deliveries {
         }
     }
 
+    /// The pin a partition's consumer gave this host (`None` while it
+    /// stands by, and for a consumer without partitions), as it will be
+    /// after the consuming loop ends.
+    pub fn pin(&self) -> SharedPin {
+        self.pin.clone()
+    }
+
     /// Deliveries of this consumer out and not yet acked (`num_ack_pending`),
     /// to this host or any other, as the broker reports them now.
     ///
@@ -114,9 +121,21 @@ impl Deliveries {
     /// while it cannot process (the database is down). Messages already
     /// buffered here are not acked: the server redelivers them after
     /// `ack_wait`. The next [`Deliveries::next`] pulls again.
+    ///
+    /// A partition's pull stream stays open instead: it asks for no more
+    /// than one message every pull expiry (what is buffered is not taken),
+    /// and so keeps this host's pin. Were the pin to lapse, another host
+    /// would run the partition's later messages while this one still holds
+    /// earlier ones in its key lanes.
     pub fn pause(&mut self) {
         self.failed = None;
         self.liveness.satisfied();
+        if self.handler.partition.is_some() {
+            if self.stream.is_some() {
+                tracing::info!(handler = %self.handler.name, consumer = %self.handler.durable_name(), "fetching paused; the partition's pull stays open (a message every 10 s at most) to keep this host's pin");
+            }
+            return;
+        }
         if self.stream.take().is_some() {
             tracing::info!(handler = %self.handler.name, "fetching paused");
         }

@@ -77,6 +77,39 @@ pub fn transform(h: &HandlerConfig) -> Result<Option<SubjectTransform>, String> 
     }))
 }
 
+/// Gives back the pin this host holds on `consumer` (of `stream`), so that
+/// JetStream pins another host's waiting request at once instead of after
+/// `priority_timeout` (`$JS.API.CONSUMER.UNPIN.<stream>.<consumer>` with
+/// the group, ADR-42). Only for a pin this host holds: the call unpins
+/// whoever is pinned. Called at a stop, once the pull streams are closed
+/// and the messages not run are given back.
+///
+/// # Errors
+/// The request was not answered within 2 s, or JetStream refused it (the
+/// consumer is gone); the pin then lapses after `priority_timeout`.
+pub async fn unpin(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    consumer: &str,
+) -> anyhow::Result<()> {
+    let answer: serde_json::Value = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        js.request(
+            format!("CONSUMER.UNPIN.{stream}.{consumer}"),
+            &serde_json::json!({ "group": GROUP }),
+        ),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("JetStream did not answer within 2s"))??;
+    match answer.get("error") {
+        Some(e) => anyhow::bail!(
+            "JetStream refused: {}",
+            crate::log_format::escape(&e.to_string())
+        ),
+        None => Ok(()),
+    }
+}
+
 /// The filter of partition `partition`'s consumer: `<partition>.<subject>`.
 pub fn filter(partition: u32, subject: &str) -> String {
     format!("{partition}.{subject}")

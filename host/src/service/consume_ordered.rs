@@ -117,7 +117,7 @@ pub(super) async fn consume_ordered(
     if out > 0 {
         // What came back first is admitted in stream order, however the
         // broker's redeliveries were ordered among themselves.
-        let first = gather(&mut deliveries, &stop, Vec::new(), out).await;
+        let first = gather(&mut deliveries, &stop, Vec::new(), out, GATHER_LINGER).await;
         admit_sorted(&rule, &mut lanes, &mut ready, first);
     }
     // The pin JetStream serves this partition's consumer to this host
@@ -191,7 +191,8 @@ pub(super) async fn consume_ordered(
                     // past its ack_wait), perhaps in several sets: gathered
                     // and admitted in stream order, as at a start.
                     pin = Some(now.to_string());
-                    let first = gather(&mut deliveries, &stop, vec![msg], TAKEOVER_GATHER).await;
+                    let held = lanes.held_count() + ready.len() + in_flight.len();
+                    let first = take_over(&pipeline, &mut deliveries, &stop, msg, held).await;
                     admit_sorted(&rule, &mut lanes, &mut ready, first);
                     continue;
                 }
@@ -226,18 +227,58 @@ pub(super) async fn consume_ordered(
 /// consumers' `max_ack_pending`, all a host before could have held.
 const TAKEOVER_GATHER: usize = 1000;
 
-/// `first` and what else arrives within [`GATHER_LINGER`], up to `max` in
-/// all (or until `stop`).
+/// `first` and what else arrives within `linger`, up to `max` in all (or
+/// until `stop`).
 async fn gather(
     deliveries: &mut Deliveries,
     stop: &CancellationToken,
     mut first: Vec<Message>,
     max: usize,
+    linger: Duration,
 ) -> Vec<Message> {
     tokio::select! {
         biased;
         () = stop.cancelled() => {}
-        () = deliveries.fill(&mut first, max, GATHER_LINGER) => {}
+        () = deliveries.fill(&mut first, max, linger) => {}
+    }
+    first
+}
+
+/// What a loop admits when JetStream has just pinned it for its partition
+/// (`msg` carried the new pin): `msg` and what arrives within
+/// [`GATHER_LINGER`]; and when the consumer still has more deliveries out
+/// than that and the `held` this loop keeps (the host before had them in
+/// flight to it as it stopped, or held them when it died), what arrives
+/// until `ack_wait` plus 1 s has passed, by when they are back: the
+/// partition's earlier messages are admitted with its later ones, in
+/// stream order. What is gathered is kept in progress meanwhile.
+async fn take_over(
+    pipeline: &Pipeline,
+    deliveries: &mut Deliveries,
+    stop: &CancellationToken,
+    msg: Message,
+    held: usize,
+) -> Vec<Message> {
+    let mut first = gather(deliveries, stop, vec![msg], TAKEOVER_GATHER, GATHER_LINGER).await;
+    let out = match deliveries.ack_pending().await {
+        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        // Not known: wait as if some were out.
+        Err(_) => usize::MAX,
+    };
+    if out <= first.len() + held {
+        return first;
+    }
+    let wait = pipeline.config().ack_wait + Duration::from_secs(1);
+    tracing::info!(handler = %pipeline.name(), gathered = first.len(), out, "key lanes: this host now serves a partition whose deliveries are still out (the host before had them); waiting {} for them to come back first", humantime::format_duration(wait));
+    let until = Instant::now() + wait;
+    let step = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
+    while !stop.is_cancelled() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        first = gather(deliveries, stop, first, TAKEOVER_GATHER, left.min(step)).await;
+        keep_in_progress(&first).await;
     }
     first
 }

@@ -28,6 +28,8 @@ impl Host {
             .map(|r| tokio::spawn(r.run(relay_stop.clone())));
         let mut tasks = Vec::new();
         let mut consuming = Vec::new();
+        // Each partition's consumer and the pin this host holds on it.
+        let mut pins = Vec::new();
         for h in &self.handlers {
             for c in &h.consumers {
                 let (ready, consumes) = tokio::sync::oneshot::channel();
@@ -49,6 +51,9 @@ impl Host {
                     grace: self.grace,
                     ready,
                 };
+                if c.config.partition.is_some() {
+                    pins.push((c.consumer.cached_info().clone(), deliveries.pin()));
+                }
                 let (pipeline, gate, consuming) =
                     (h.pipeline.clone(), self.gate.clone(), c.consuming.clone());
                 tasks.push(match c.config.order_key.clone() {
@@ -161,6 +166,33 @@ impl Host {
         {
             tracing::warn!(
                 "the broker did not take the last naks within 5s; those messages are redelivered after ack_wait"
+            );
+        }
+        // The partitions this host served go to a standby host now, not
+        // after their priority_timeout: the naks above went out first, so
+        // it gets what was given back before anything newer.
+        let mut unpinned = 0;
+        for (info, pin) in pins {
+            let held = pin
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some();
+            if !held {
+                continue;
+            }
+            match crate::broker::partition::unpin(&self.nats.js, &info.stream_name, &info.name)
+                .await
+            {
+                Ok(()) => unpinned += 1,
+                Err(e) => {
+                    tracing::warn!(consumer = %info.name, error = %format!("{e:#}"), "the partition's pin was not given back; another host takes the partition after its priority_timeout")
+                }
+            }
+        }
+        if unpinned > 0 {
+            tracing::info!(
+                partitions = unpinned,
+                "gave back this host's pins on its partitions; standby hosts take them now"
             );
         }
         readiness.abort();
