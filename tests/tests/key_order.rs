@@ -219,3 +219,66 @@ on_both_databases!(
     a_message_let_go_takes_the_free_slot,
     a_message_let_go_takes_the_free_slot
 );
+
+/// `refuse_out_of_order`: each applied message records its stream sequence
+/// as its key's last, in its own transaction, and a message whose sequence
+/// is not above its key's last is refused before the guest runs, as a
+/// dead letter (`out-of-order: …`). Another host applying a later message
+/// of the key first (a partition changing hands) is played by raising the
+/// recorded sequence of key 1 by hand.
+async fn a_message_older_than_its_keys_last_is_refused(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.extra
+        .push_str("order_key = \"json:/key\"\nrefuse_out_of_order = true\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let host = RunningHost::start(&cfg).await;
+    let js = nats.jetstream().await;
+    let sequence_of = |key: i64| {
+        format!(
+            "SELECT stream_sequence FROM idem_key_sequences WHERE consumer = '{HANDLER}' AND order_key = '{key}'"
+        )
+    };
+    let version = |key: i64, v: i64| {
+        serde_json::json!({"op": "version", "event_id": format!("k{key}-v{v}"), "key": key, "version": v})
+            .to_string()
+    };
+    publish(&js, "accounts.credit", &version(1, 1), &[]).await;
+    host.wait_for(HANDLER, "key 1 at version 1", |s| s.processed == 1)
+        .await;
+    assert_eq!(db.scalar(&sequence_of(1)).await, Some(1));
+    db.execute(&format!(
+        "UPDATE idem_key_sequences SET stream_sequence = 1000 WHERE consumer = '{HANDLER}' AND order_key = '1'"
+    ))
+    .await;
+    publish(&js, "accounts.credit", &version(1, 2), &[]).await;
+    publish(&js, "accounts.credit", &version(2, 1), &[]).await;
+    let s = host
+        .wait_for(HANDLER, "both settled", |s| {
+            s.processed + s.dead_lettered == 3
+        })
+        .await;
+    assert_eq!((s.processed, s.dead_lettered), (2, 1), "{s}");
+    assert_eq!(
+        db.dead_letters(HANDLER).await,
+        vec![(
+            Some("k1-v2".to_string()),
+            "out-of-order: a later message of key `1` was applied before this one (stream sequence 2)"
+                .to_string()
+        )]
+    );
+    // The guest never ran for it; the other key went on.
+    assert_eq!(db.balance(1).await, Some(1));
+    assert_eq!(db.balance(2).await, Some(1));
+    assert_eq!(db.scalar(&sequence_of(1)).await, Some(1000));
+    assert_eq!(db.scalar(&sequence_of(2)).await, Some(3));
+    // The refused message's receipt was rolled back with it.
+    assert_eq!(db.receipts(HANDLER).await, 2);
+    host.stop().await;
+}
+on_both_databases!(
+    a_message_older_than_its_keys_last_is_refused,
+    a_message_older_than_its_keys_last_is_refused
+);

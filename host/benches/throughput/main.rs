@@ -35,8 +35,15 @@
 //!   B with plain acks.
 //! - **key lanes** (Rust): `order_key = "json:/account_id"` (the credits
 //!   spread over 1,000 accounts), so every message goes through its
-//!   account's lane. `IDEM_BENCH_ONLY=lanes` runs B, D, native, Rust and
-//!   this row alone.
+//!   account's lane.
+//! - **8 partitions** (Rust): `partitions = 8`, `order_key = "subject:2"`,
+//!   the credits published to `accounts.<account_id>` on a stream with the
+//!   subject transform idem needs; one host serves every partition, with
+//!   concurrency 1 in each (8 slots in all; on the concurrency 8 rows as
+//!   many as the compared rows, on the concurrency 1 rows 8 times as many).
+//!   Below the table, this row's and the key lanes row's rate over the
+//!   Rust row's. `IDEM_BENCH_ONLY=lanes` runs B, D, native, Rust and these
+//!   two rows alone.
 //! - **50 % duplicates** (Rust): the second half of the N messages repeats
 //!   the first half's event ids; below the table, what one skipped duplicate
 //!   costs next to one processed message (this row's time and the Rust
@@ -81,7 +88,7 @@ mod outbox;
 mod rows;
 
 use anyhow::{Context as _, Result, bail};
-use async_nats::jetstream::{self, consumer::pull};
+use async_nats::jetstream::{self, consumer::pull, stream::SubjectTransform};
 use fleet::{fleet_member, scaling_table};
 use futures::StreamExt as _;
 use idem::config::Config;
@@ -126,6 +133,9 @@ const FLEET_CONCURRENCY: usize = 8;
 /// Accounts the credits spread over.
 const ACCOUNTS: usize = 1000;
 
+/// The partitions of the partitioned row.
+const PARTITIONS: u32 = 8;
+
 /// The credit upsert of `examples/credit`, as the credit components send it.
 const CREDIT: &str = "INSERT INTO accounts (account_id, balance) VALUES ($1, $2) \
      ON CONFLICT (account_id) DO UPDATE SET balance = accounts.balance + excluded.balance";
@@ -134,12 +144,80 @@ const CREDIT: &str = "INSERT INTO accounts (account_id, balance) VALUES ($1, $2)
 const RECEIPT: &str = "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING";
 
+/// The account of the `i`-th credit.
+fn account(i: usize) -> usize {
+    i % ACCOUNTS + 1
+}
+
 /// The `i`-th credit event (event ids repeat when `i` does).
 fn credit(i: usize) -> String {
     format!(
         r#"{{"event_id":"e{i}","account_id":{},"amount":1}}"#,
-        i % ACCOUNTS + 1
+        account(i)
     )
+}
+
+/// How a host row's handler keeps each account's credits in order
+/// (ARCHITECTURE.md, "Key lanes" and "Partitions").
+#[derive(Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+enum Order {
+    /// No order kept (no `order_key`).
+    #[default]
+    None,
+    /// Key lanes on the account (`order_key = "json:/account_id"`).
+    Lanes,
+    /// That many partitions on the account (`order_key = "subject:2"`, the
+    /// credits published to `accounts.<account_id>`), all served by the
+    /// row's host, with the row's concurrency in each.
+    Partitions(u32),
+}
+
+impl Order {
+    /// The handler's one subject, and its stream's, on row `row`.
+    fn subjects(self, row: usize) -> String {
+        match self {
+            Order::Partitions(_) => "accounts.*".into(),
+            _ => format!("t{row}.credit"),
+        }
+    }
+
+    /// The subject the `i`-th credit is published to on row `row`.
+    fn subject(self, row: usize, i: usize) -> String {
+        match self {
+            Order::Partitions(_) => format!("accounts.{}", account(i)),
+            _ => format!("t{row}.credit"),
+        }
+    }
+
+    /// The subject transform the stream needs (partitions: the account
+    /// token's partition in front, as `broker/partition.rs::transform` sets
+    /// it).
+    fn transform(self) -> Option<SubjectTransform> {
+        let Order::Partitions(n) = self else {
+            return None;
+        };
+        Some(SubjectTransform {
+            source: self.subjects(0),
+            destination: format!("{{{{partition({n},1)}}}}.accounts.{{{{wildcard(1)}}}}"),
+        })
+    }
+
+    /// The handler's config lines for it.
+    fn config(self) -> String {
+        match self {
+            Order::None => String::new(),
+            Order::Lanes => "order_key = \"json:/account_id\"\n".into(),
+            Order::Partitions(n) => format!("order_key = \"subject:2\"\npartitions = {n}\n"),
+        }
+    }
+
+    /// The host's consuming loops, each with the handler's concurrency.
+    fn loops(self) -> usize {
+        match self {
+            Order::Partitions(n) => n as usize,
+            _ => 1,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,9 +249,9 @@ enum What {
         module: PathBuf,
         native: bool,
         duplicates: bool,
-        /// Key lanes on the account (`order_key = "json:/account_id"`).
+        /// How the handler keeps each account's credits in order.
         #[serde(default)]
-        ordered: bool,
+        order: Order,
     },
     /// `behave` over N messages, each publishing one message through the
     /// outbox when `publish` (module: behave's component).
@@ -234,8 +312,8 @@ async fn run_row(spec: Spec) -> Result<Measured> {
             module,
             native,
             duplicates,
-            ordered,
-        } => host(&spec, module, native, duplicates, ordered).await,
+            order,
+        } => host(&spec, module, native, duplicates, order).await,
         What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
         What::Outbox { module, publish } => outbox::outbox_host(&spec, module, publish).await,
         What::PublishCeiling => outbox::publish_ceiling(&spec).await,
@@ -406,6 +484,7 @@ async fn bench() -> Result<()> {
     let skip = if only_outbox { dbs.len() } else { 0 };
     let mut duplicate_costs = Vec::new();
     let mut batch_gains = Vec::new();
+    let mut order_costs = Vec::new();
     for db in dbs.iter().copied().skip(skip) {
         for (c, b) in CONCURRENCY.into_iter().zip(confirmed.iter().copied()) {
             let (label, cs) = (db.label(), c.to_string());
@@ -421,7 +500,7 @@ async fn bench() -> Result<()> {
                 module,
                 native,
                 duplicates,
-                ordered: false,
+                order: Order::None,
             };
             match in_child(&spec(host(rust.clone(), true, false), db, c)) {
                 Ok(m) => {
@@ -452,15 +531,28 @@ async fn bench() -> Result<()> {
                 }
                 table.line(&format!("idem, {lang}"), label, &cs, &m);
             }
-            if rust_rate.is_some() {
-                let ordered = What::Host {
-                    module: rust.clone(),
-                    native: false,
-                    duplicates: false,
-                    ordered: true,
-                };
-                let m = in_child(&spec(ordered, db, c))?;
-                table.line("idem, Rust, key lanes", label, &cs, &m);
+            if let Some(unordered) = rust_rate {
+                // As many slots in all as the compared rows, at least one
+                // in each partition.
+                let each = (c / PARTITIONS as usize).max(1);
+                let partitioned = format!(
+                    "idem, Rust, {PARTITIONS} partitions (concurrency {each} each, {} in all)",
+                    each * PARTITIONS as usize
+                );
+                for (order, row, c_row) in [
+                    (Order::Lanes, "idem, Rust, key lanes".to_string(), c),
+                    (Order::Partitions(PARTITIONS), partitioned, each),
+                ] {
+                    let what = What::Host {
+                        module: rust.clone(),
+                        native: false,
+                        duplicates: false,
+                        order,
+                    };
+                    let m = in_child(&spec(what, db, c_row))?;
+                    table.line(&row, label, &cs, &m);
+                    order_costs.push((label, c, row, m.rate / unordered));
+                }
             }
             if only_lanes {
                 continue;
@@ -515,6 +607,9 @@ async fn bench() -> Result<()> {
     println!();
     for (db, c, r) in duplicate_costs {
         println!("- {db}, concurrency {c}: a skipped duplicate costs {r:.2} × a processed message");
+    }
+    for (db, c, row, r) in order_costs {
+        println!("- {db}, concurrency {c}: {row} runs {r:.2} × idem, Rust");
     }
     for (db, c, gain, of_b) in batch_gains {
         println!(

@@ -82,18 +82,34 @@ pub(super) async fn stream_with_replicas(
     payloads: &[String],
     replicas: usize,
 ) -> Result<String> {
-    let subject = format!("t{row}.credit");
+    let subject = Order::None.subject(row, 0);
+    let messages = payloads.iter().map(|p| (subject.clone(), p.clone()));
+    stream_of(js, row, Order::None, replicas, messages.collect()).await?;
+    Ok(subject)
+}
+
+/// A stream `T<row>` for a handler keeping `order` (on its subject and,
+/// with partitions, with the subject transform idem needs) holding
+/// `messages` (subject, payload), published without `Nats-Msg-Id`.
+pub(super) async fn stream_of(
+    js: &jetstream::Context,
+    row: usize,
+    order: Order,
+    replicas: usize,
+    messages: Vec<(String, String)>,
+) -> Result<()> {
     js.create_stream(jetstream::stream::Config {
         name: format!("T{row}"),
-        subjects: vec![subject.clone()],
+        subjects: vec![order.subjects(row)],
+        subject_transform: order.transform(),
         max_age: Duration::from_secs(7 * 24 * 3600),
         num_replicas: replicas.max(1),
         ..Default::default()
     })
     .await?;
-    let acks: Vec<_> = futures::stream::iter(payloads.iter().cloned())
-        .map(|p| {
-            let (js, subject) = (js.clone(), subject.clone());
+    let acks: Vec<_> = futures::stream::iter(messages)
+        .map(|(subject, p)| {
+            let js = js.clone();
             async move {
                 js.publish(subject, p.into())
                     .await
@@ -108,7 +124,7 @@ pub(super) async fn stream_with_replicas(
     for ack in acks {
         ack?;
     }
-    Ok(subject)
+    Ok(())
 }
 
 /// **B**: a durable pull consumer takes the row's N messages, acking each
@@ -252,14 +268,15 @@ pub(super) async fn one_transaction(db: &Database, i: usize) -> Result<()> {
     Ok(())
 }
 
-/// **native** and **idem**: a host with `concurrency` over the row's
-/// messages, then over messages published at half its rate for the latency.
+/// **native** and **idem**: a host with `concurrency` (in each partition)
+/// over the row's messages, then over messages published at half its rate
+/// for the latency.
 pub(super) async fn host(
     spec: &Spec,
     module: PathBuf,
     native: bool,
     duplicates: bool,
-    ordered: bool,
+    order: Order,
 ) -> Result<Measured> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -268,21 +285,14 @@ pub(super) async fn host(
         .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
     let (row, n) = (spec.row, spec.n);
     let js = jetstream::new(async_nats::connect(&spec.nats).await?);
-    let payloads: Vec<String> = if duplicates {
-        (0..n).map(|i| credit(i % (n / 2).max(1))).collect()
-    } else {
-        (0..n).map(credit).collect()
-    };
     let distinct = if duplicates { (n / 2).max(1) } else { n };
+    let messages = (0..n)
+        .map(|i| i % distinct)
+        .map(|i| (order.subject(row, i), credit(i)));
     let row_db = RowDb::new(spec).await?;
-    let subject = stream_with(&js, row, &payloads).await?;
+    stream_of(&js, row, order, 1, messages.collect()).await?;
     let name = format!("h{row}");
-    let extra = if ordered {
-        "order_key = \"json:/account_id\"\n"
-    } else {
-        ""
-    };
-    let host = start_host_with(spec, &module, &row_db.url, extra).await?;
+    let host = start_host(spec, &module, &row_db.url).await?;
     if native {
         put_native_in_place(&host)?;
     }
@@ -318,10 +328,9 @@ pub(super) async fn host(
     let paced = (rate.min(2000.0) as usize).max(100);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(2.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    for i in 0..paced {
+    for i in (0..paced).map(|i| 1_000_000 + i) {
         tick.tick().await;
-        js.publish(subject.clone(), credit(1_000_000 + i).into())
-            .await?;
+        js.publish(order.subject(row, i), credit(i).into()).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while settled(&stats.snapshot()) < (n + paced) as u64 {
@@ -334,6 +343,8 @@ pub(super) async fn host(
     let rss_mib = peak_rss_mib();
     token.cancel();
     let _ = running.await;
+    // The next partitioned row's stream takes the same subjects.
+    js.delete_stream(format!("T{row}")).await?;
     let db = Database::connect(&row_db.url, 1).await?;
     let total = total_balance(&db).await?;
     db.close().await;
@@ -352,7 +363,8 @@ pub(super) async fn host(
 }
 
 /// `Host::start` for handler `h<row>` on stream `T<row>` with `module`,
-/// the row's concurrency, and the database at `url`.
+/// the row's concurrency, the order a host row keeps ([`Order`]), and the
+/// database at `url`.
 pub(super) async fn start_host(spec: &Spec, module: &std::path::Path, url: &str) -> Result<Host> {
     start_host_with(spec, module, url, "").await
 }
@@ -365,16 +377,21 @@ pub(super) async fn start_host_with(
     extra: &str,
 ) -> Result<Host> {
     let (row, c) = (spec.row, spec.concurrency);
+    let order = match &spec.what {
+        What::Host { order, .. } => *order,
+        _ => Order::None,
+    };
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("idem.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"t{row}.credit\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n{}{extra}\n",
+            "[broker]\nurl = \"{}\"\n[database]\nurl = \"{url}\"\nmax_connections = {}\n[runtime]\ncache_dir = \"{}\"\n[[handler]]\nname = \"h{row}\"\nmodule = \"{}\"\nstream = \"T{row}\"\nsubjects = [\"{}\"]\nidentity = \"json:/event_id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\nconcurrency = {c}\nbatch = {}\n{}{}{extra}\n",
             spec.nats,
-            c + 2,
+            c * order.loops() + 2,
             spec.cache.display(),
             module.display(),
+            order.subjects(row),
             root().join("examples/credit/migrations").display(),
             spec.batch.max(1),
             // A batch fills from the pulls: ask for a whole batch, which
@@ -386,7 +403,8 @@ pub(super) async fn start_host_with(
                 )
             } else {
                 String::new()
-            }
+            },
+            order.config(),
         ),
     )?;
     let config = Config::load(&cfg)?;

@@ -111,7 +111,8 @@ impl Redriver {
             tx.rollback().await?;
             return Ok(Redriven::Gone);
         }
-        match self.handler.apply(tx, message(row), || None).await {
+        // An operator's redrive is not refused as out of order: it is asked for.
+        match self.handler.apply(tx, message(row), || None, None).await {
             Ok(Applied::Committed(_)) => Ok(Redriven::Processed),
             Ok(Applied::Duplicate(tx)) => Ok(match tx.commit().await {
                 Ok(()) => Redriven::AlreadyProcessed,

@@ -132,6 +132,14 @@ pub struct HandlerConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub priority_timeout: Option<Duration>,
+    /// With `order_key`: refuse, in the message's transaction, a message
+    /// whose stream sequence is not above the last one applied for its key
+    /// (recorded in `idem_key_sequences`): it is dead-lettered
+    /// (`out-of-order: …`) instead of applied. A guard for the moment a
+    /// partition changes hands, when two hosts may briefly serve it.
+    /// Default false.
+    #[serde(default)]
+    pub refuse_out_of_order: bool,
     /// The partition this copy of the config consumes (`0..partitions`):
     /// set by the host for each partition's consuming loop, never read
     /// from a file.

@@ -456,6 +456,12 @@ impl Config {
                     h.name
                 ));
             }
+            if h.refuse_out_of_order && h.order_key.is_none() {
+                problems.push(format!(
+                    "handler `{}`: refuse_out_of_order needs order_key (the last applied stream sequence is kept per key)",
+                    h.name
+                ));
+            }
             if h.batch_linger >= h.ack_wait / 2 {
                 problems.push(format!(
                     "handler `{}`: batch_linger must be less than half of ack_wait (the first message of a batch waits that long before it is kept in progress)",
@@ -730,6 +736,10 @@ ack_wait = "10s"
             ))
             .unwrap_err(),
             "handler `credit-projector`: priority_timeout must be at least 75s, the longer of ack_wait and the longest nak delay plus 15s (what a dead host held must come back before another host takes its partition)"
+        );
+        assert_eq!(
+            parse(&format!("{ok}refuse_out_of_order = true\n")).unwrap_err(),
+            "handler `credit-projector`: refuse_out_of_order needs order_key (the last applied stream sequence is kept per key)"
         );
         assert_eq!(
             parse(&format!("{ok}priority_timeout = \"1m\"\n")).unwrap_err(),

@@ -624,7 +624,7 @@ mod tests {
                     "invalid config {p}: [[handler]] `h` max_deliver: expected u32, found signed int `-1`"
                 ),
                 format!(
-                    "invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `stream_replicas`, `identity`, `tables`, `publish`, `endpoints`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `batch`, `batch_linger`, `order_key`, `partitions`, `priority_timeout`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `max_outbox_calls`, `max_outbox_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"
+                    "invalid config {p}: [[handler]] `h`: unknown field `tabels`, expected one of `name`, `module`, `stream`, `subjects`, `stream_replicas`, `identity`, `tables`, `publish`, `endpoints`, `migrations`, `max_deliver`, `ack_wait`, `retry_delay`, `backoff`, `deadline`, `concurrency`, `batch`, `batch_linger`, `order_key`, `partitions`, `priority_timeout`, `refuse_out_of_order`, `pull_batch`, `statement_timeout`, `max_statements`, `max_rows`, `max_result_kib`, `max_param_kib`, `max_log_kib`, `max_outbox_calls`, `max_outbox_kib`, `wasi`, `watch`, `max_memory_mib`, `retention`, `accept_horizon_risk`, `start`"
                 ),
                 format!(
                     "invalid config {p}: [[handler]] `h` module is missing; set it in the file"

@@ -159,7 +159,7 @@ impl Pipeline {
                     self.committed.insert(id);
                     Attempt::Duplicate
                 }
-                BatchItem::Refused(reason) => Attempt::BeyondHorizon(reason),
+                BatchItem::Refused(reason) => Attempt::Refused(reason),
                 BatchItem::GuestFailed(failure) => Attempt::GuestFailed(failure),
                 BatchItem::Conflict => {
                     tracing::debug!(message_id = %id, "lost a lock conflict in the batch; runs again on its own");

@@ -21,6 +21,24 @@ use crate::config::IdentityRule;
 /// identity (they would bloat the receipts' primary key index).
 pub const MAX_IDENTITY_BYTES: usize = 512;
 
+/// A message's ordering key by `rule` (`order_key`): a header's or JSON
+/// field's value read as an identity is, or token N of `subject` (the
+/// subject it was published to, without a partition's number). `None`
+/// when the message has none.
+pub fn order_key(
+    rule: &crate::config::OrderKey,
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+) -> Option<String> {
+    match rule {
+        crate::config::OrderKey::Field(rule) => extract(rule, headers, payload).ok(),
+        crate::config::OrderKey::SubjectToken(n) => {
+            crate::broker::partition::token(subject, *n).map(str::to_string)
+        }
+    }
+}
+
 /// Extracts the identity from headers or payload. `Err` is the one-line
 /// dead-letter reason.
 pub fn extract(

@@ -320,7 +320,22 @@ impl Pipeline {
                 .then(|| self.beyond_horizon(d.published_ms))
                 .flatten()
         };
-        match self.handler.apply(tx, msg, admit).await {
+        // `refuse_out_of_order`: the key whose last applied stream sequence
+        // this message must pass.
+        let order_key = self
+            .config
+            .refuse_out_of_order
+            .then(|| {
+                self.config.order_key.as_ref().and_then(|rule| {
+                    message_id::order_key(rule, &d.subject, d.msg.headers.as_ref(), &d.msg.payload)
+                })
+            })
+            .flatten();
+        match self
+            .handler
+            .apply(tx, msg, admit, order_key.as_deref())
+            .await
+        {
             Ok(Applied::Committed(timings)) => {
                 self.note_commit(d, timings);
                 Ok(Attempt::Committed)
@@ -331,7 +346,7 @@ impl Pipeline {
                 }
                 Ok(Attempt::Duplicate)
             }
-            Ok(Applied::Refused(reason)) => Ok(Attempt::BeyondHorizon(reason)),
+            Ok(Applied::Refused(reason)) => Ok(Attempt::Refused(reason)),
             Ok(Applied::GuestFailed(failure, Rollback::Failed(e)))
                 if db_gate::is_unavailable(&e) =>
             {

@@ -205,6 +205,7 @@ impl PreparedHandler {
         mut tx: Tx,
         msg: GuestMessage,
         admit: impl FnOnce() -> Option<String>,
+        order_key: Option<&str>,
     ) -> Result<Applied, StepFailed> {
         // One reference for the whole step: the receipt names what runs.
         let component = self.slot.current();
@@ -225,6 +226,25 @@ impl PreparedHandler {
                 tracing::warn!(error = %e, "rollback of a refused message failed (nothing was committed)");
             }
             return Ok(Applied::Refused(reason));
+        }
+        if let Some(key) = order_key {
+            match tx
+                .advance_key_sequence(&self.name, key, msg.stream_sequence)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Err(e) = tx.rollback().await {
+                        tracing::warn!(error = %e, "rollback of a refused message failed (nothing was committed)");
+                    }
+                    return Ok(Applied::Refused(format!(
+                        "out-of-order: a later message of key `{}` was applied before this one (stream sequence {})",
+                        crate::log_format::escape(key),
+                        msg.stream_sequence
+                    )));
+                }
+                Err(error) => return Err(rolled_back(tx, "key sequence", error).await),
+            }
         }
         if let Some(role) = &self.role
             && let Err(error) = tx.enter_handler_role(role).await

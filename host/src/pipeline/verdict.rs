@@ -26,9 +26,12 @@ pub enum Attempt {
     NoMessageId(String),
     /// The receipt already existed: the effect is there, nothing was run.
     Duplicate,
-    /// No receipt, published longer ago than the retention window (the
-    /// `beyond-horizon: …` reason): it cannot be proven new.
-    BeyondHorizon(String),
+    /// No receipt, and refused before any guest code, for the reason
+    /// given: published longer ago than the retention window
+    /// (`beyond-horizon: …`: it cannot be proven new), or older than a
+    /// message already applied for its key (`out-of-order: …`,
+    /// `refuse_out_of_order`).
+    Refused(String),
     /// The guest succeeded and the transaction committed.
     Committed,
     /// The guest returned `retry` or `reject`, or trapped (deadline, limit,
@@ -102,7 +105,7 @@ pub fn decide(attempt: &Attempt, count: DeliveryCount, delay: Duration) -> Verdi
             without_message_id: true,
         },
         Attempt::Duplicate => Verdict::Duplicate,
-        Attempt::BeyondHorizon(reason) => dead_letter(reason.clone()),
+        Attempt::Refused(reason) => dead_letter(reason.clone()),
         Attempt::Committed => Verdict::Processed,
         Attempt::GuestFailed(failure) if failure.is_permanent() => dead_letter(failure.reason()),
         Attempt::GuestFailed(failure) => retry(failure.reason()),
@@ -158,7 +161,7 @@ mod tests {
                 },
             ),
             (
-                Attempt::BeyondHorizon("beyond-horizon: published 2h ago".into()),
+                Attempt::Refused("beyond-horizon: published 2h ago".into()),
                 on(1, 5),
                 dead("beyond-horizon: published 2h ago"),
             ),

@@ -52,19 +52,17 @@ pub(super) struct KeyRule {
 /// The key and stream sequence of `msg` by `rule`; `None` when it has no
 /// key (or is not a JetStream delivery): it runs unordered.
 fn key_of(rule: &KeyRule, msg: &Message) -> Option<(String, u64)> {
-    let key = match &rule.order_key {
-        OrderKey::Field(rule) => {
-            crate::pipeline::message_id::extract(rule, msg.headers.as_ref(), &msg.payload).ok()?
-        }
-        OrderKey::SubjectToken(n) => {
-            let subject = if rule.partitioned {
-                crate::broker::partition::published_subject(msg.subject.as_str())
-            } else {
-                msg.subject.as_str()
-            };
-            crate::broker::partition::token(subject, *n)?.to_string()
-        }
+    let subject = if rule.partitioned {
+        crate::broker::partition::published_subject(msg.subject.as_str())
+    } else {
+        msg.subject.as_str()
     };
+    let key = crate::pipeline::message_id::order_key(
+        &rule.order_key,
+        subject,
+        msg.headers.as_ref(),
+        &msg.payload,
+    )?;
     Some((key, msg.info().ok()?.stream_sequence))
 }
 

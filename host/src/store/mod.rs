@@ -58,6 +58,7 @@ mod dead_letters;
 pub(crate) mod deploy_marks;
 mod durability;
 mod error;
+mod key_sequences;
 mod outbox;
 mod outbox_admin;
 mod postgres;

@@ -30,6 +30,18 @@ pub(super) const INSERT_RECEIPT: &str =
     "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms)
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, message_id) DO NOTHING";
 
+/// Records stream sequence `$3` as the last applied for ordering key `$2`
+/// of consumer `$1`, unless one at least as high is recorded: 1 row
+/// affected when it was recorded, 0 when the message comes out of order.
+/// On PostgreSQL a concurrent transaction's row is waited for and the
+/// `WHERE` evaluated on its committed version (`ON CONFLICT DO UPDATE`
+/// under READ COMMITTED); SQLite has one writer.
+pub(super) const ADVANCE_KEY_SEQUENCE: &str =
+    "INSERT INTO idem_key_sequences (consumer, order_key, stream_sequence)
+         VALUES ($1, $2, $3)
+         ON CONFLICT (consumer, order_key) DO UPDATE SET stream_sequence = excluded.stream_sequence
+         WHERE idem_key_sequences.stream_sequence < excluded.stream_sequence";
+
 /// Inserts a dead letter once per stored message.
 pub(super) const INSERT_DEAD_LETTER: &str = "INSERT INTO idem_dead_letters
            (consumer, message_id, stream, stream_sequence, published_ns,

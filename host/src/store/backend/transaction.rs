@@ -119,6 +119,26 @@ pub(in crate::store) trait Transaction: Send + Sized + 'static {
         Ok(n == 1)
     }
 
+    /// Records `seq` as `consumer`'s last applied stream sequence for
+    /// ordering key `key` unless one at least as high is recorded
+    /// ([`sql::ADVANCE_KEY_SEQUENCE`]): `true` recorded, `false` out of
+    /// order.
+    ///
+    /// # Errors
+    /// The statement fails.
+    async fn advance_key_sequence(
+        &mut self,
+        consumer: &str,
+        key: &str,
+        seq: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let params = [Param::Text(consumer), Param::Text(key), Param::Int(seq)];
+        let n = self
+            .run(sql::ADVANCE_KEY_SEQUENCE.into_sql_str(), &params)
+            .await?;
+        Ok(n == 1)
+    }
+
     /// Deletes `consumer`'s receipt for `message_id`; how many (0 or 1).
     ///
     /// # Errors

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// runs right after it.
 const RECEIPTS_DDL: usize = 0;
 
-const HOST_TABLES: [&str; 13] = [
+const HOST_TABLES: [&str; 14] = [
     "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
         message_id TEXT NOT NULL,
@@ -23,6 +23,14 @@ const HOST_TABLES: [&str; 13] = [
     // Superseded by the index above; they only cost inserts.
     "DROP INDEX IF EXISTS idem_receipts_processed_at",
     "DROP INDEX IF EXISTS idem_receipts_consumer_processed_at",
+    // The last stream sequence applied per ordering key, for handlers with
+    // `refuse_out_of_order` (store::key_sequences).
+    "CREATE TABLE IF NOT EXISTS idem_key_sequences (
+        consumer TEXT NOT NULL,
+        order_key TEXT NOT NULL,
+        stream_sequence BIGINT NOT NULL,
+        PRIMARY KEY (consumer, order_key)
+    )",
     // Deployment high-water marks (store::deploy_marks).
     "CREATE TABLE IF NOT EXISTS idem_deploy_marks (
         handler TEXT PRIMARY KEY,

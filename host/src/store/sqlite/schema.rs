@@ -10,7 +10,7 @@ macro_rules! now_ms {
     };
 }
 
-const HOST_TABLES: [&str; 10] = [
+const HOST_TABLES: [&str; 11] = [
     concat!(
         "CREATE TABLE IF NOT EXISTS idem_receipts (
         consumer TEXT NOT NULL,
@@ -49,6 +49,14 @@ const HOST_TABLES: [&str; 10] = [
     ),
     "CREATE UNIQUE INDEX IF NOT EXISTS idem_dead_letters_delivery
         ON idem_dead_letters (consumer, stream, stream_sequence, published_ns)",
+    // The last stream sequence applied per ordering key, for handlers with
+    // `refuse_out_of_order` (store::key_sequences).
+    "CREATE TABLE IF NOT EXISTS idem_key_sequences (
+        consumer TEXT NOT NULL,
+        order_key TEXT NOT NULL,
+        stream_sequence INTEGER NOT NULL,
+        PRIMARY KEY (consumer, order_key)
+    ) WITHOUT ROWID",
     // Deployment high-water marks (store::deploy_marks).
     "CREATE TABLE IF NOT EXISTS idem_deploy_marks (
         handler TEXT PRIMARY KEY,
