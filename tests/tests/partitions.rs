@@ -303,3 +303,84 @@ async fn a_stream_without_the_transform_is_refused() {
         "{err}"
     );
 }
+
+/// While the database is down for longer than the `priority_timeout`, the
+/// host serving the partitions keeps its pull open and so its pins: a
+/// standby host does not take a partition and run later messages of a key
+/// while the earlier ones wait in the first host's lanes. Two hosts, two
+/// partitions, 40 keys of 5 versions; the database (a private cluster) is
+/// stopped once the first two versions are applied and the other three
+/// are published while it is down, for 30 s against a 17 s
+/// `priority_timeout` (a standby is pinned at its next request after the
+/// lapse, up to a pull expiry later). No pin moves while it is down, and afterwards every
+/// key ends at its last version with no dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_longer_than_the_priority_timeout_keeps_the_pins() {
+    const KEYS: i64 = 40;
+    const VERSIONS: i64 = 5;
+    let mut pg = idem_tests::pg_cluster::PgCluster::start();
+    let db = pg.create_db("idem_partitions_outage").await;
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    spec.extra.push_str(
+        "order_key = \"subject:2\"\npartitions = 2\nconcurrency = 2\nmax_deliver = 3\nack_wait = \"2s\"\ndeadline = \"1s\"\n",
+    );
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("max_connections = 4", "max_connections = 5"),
+    )
+    .unwrap();
+    let probe = Probe::new(&db);
+    let mut hosts = Vec::new();
+    for name in ["h1", "h2"] {
+        let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), name);
+        until_consuming(&mut host).await;
+        hosts.push(host);
+    }
+    let js = nats.jetstream().await;
+    let publish_versions = |versions: std::ops::RangeInclusive<i64>| {
+        let js = js.clone();
+        async move {
+            for version in versions {
+                for key in 0..KEYS {
+                    let update = serde_json::json!({
+                        "op": "version",
+                        "event_id": format!("k{key}-v{version}"),
+                        "key": key,
+                        "version": version,
+                    });
+                    publish(&js, &format!("accounts.{key}"), &update.to_string(), &[]).await;
+                }
+            }
+        }
+    };
+    publish_versions(1..=2).await;
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), 2 * KEYS).await;
+    let pins = pins_of(&hosts);
+    assert!(pins.iter().sum::<usize>() > 0, "no host was pinned");
+    // The rest arrives while the database is down: the pinned host takes
+    // messages it cannot run, and finds the database gone.
+    pg.stop();
+    publish_versions(3..=VERSIONS).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        pins_of(&hosts),
+        pins,
+        "a pin moved while the database was down; logs:\n{}",
+        hosts.iter().map(log_of).collect::<Vec<_>>().join("\n---\n")
+    );
+    pg.start_again();
+    until_applied(&probe, &hosts.iter().collect::<Vec<_>>(), KEYS * VERSIONS).await;
+    assert_eq!(db.dead_letters(HANDLER).await, vec![]);
+    for key in 0..KEYS {
+        assert_eq!(db.balance(key).await, Some(VERSIONS), "key {key}");
+    }
+    for host in hosts {
+        let ended = host.terminate(Duration::from_secs(30));
+        assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    }
+}
