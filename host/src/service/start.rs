@@ -103,12 +103,11 @@ impl Host {
         let mut clocks: Vec<(String, Arc<BrokerClock>)> = Vec::new();
         for (h, module) in config.handlers.iter().zip(modules) {
             let mut consumers = Vec::new();
-            let mut stored = 0;
-            let mut created = false;
             for part in h.per_partition() {
                 let ensured = ensure_through_elections(js, &part).await?;
-                created |= ensured.created;
-                stored += ensured.stored;
+                if ensured.created && ensured.stored > 0 {
+                    warn_if_replaying(&db, &part, ensured.stored).await;
+                }
                 consumers.push(HandlerConsumer {
                     config: part,
                     consumer: ensured.consumer,
@@ -116,9 +115,6 @@ impl Host {
                     consuming: Arc::default(),
                     liveness: Arc::default(),
                 });
-            }
-            if created && stored > 0 {
-                warn_if_replaying(&db, h, stored).await;
             }
             check_horizon(js, h).await?;
             let clock = match clocks.iter().find(|(s, _)| *s == h.stream) {
@@ -180,11 +176,11 @@ async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stor
         stream = %h.stream,
         start = %h.start,
         "new durable consumer `{}` is about to process {stored} messages already in stream `{}` into tables that already have rows ({}); if this handler was renamed, they are applied again: stop now and set start = \"new\" (or \"seq:N\"), and delete the consumer (nats consumer rm {} {})",
-        h.name,
+        h.durable_name(),
         h.stream,
         filled.join(", "),
         h.stream,
-        h.name
+        h.durable_name()
     );
 }
 
