@@ -243,6 +243,38 @@ async fn partitions_keep_each_key_in_order_across_hosts_and_a_kill() {
     }
 }
 
+/// The one-line error a host started with `extra` on the stream `ACCOUNTS`
+/// (made beforehand from `stream`) stops with.
+async fn start_error(
+    nats: &Nats,
+    dir: &Path,
+    stream: async_nats::jetstream::stream::Config,
+    extra: &str,
+) -> String {
+    let js = nats.jetstream().await;
+    let _ = js.delete_stream("ACCOUNTS").await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "ACCOUNTS".into(),
+        subjects: vec!["accounts.*".into()],
+        ..stream
+    })
+    .await
+    .unwrap();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    spec.extra.push_str(extra);
+    let cfg = write_config(dir, nats, &db, &[spec]);
+    let config = idem::config::Config::load(&cfg).unwrap();
+    match idem::service::Host::start(&config).await {
+        Ok(_) => panic!(
+            "a host started with `{extra}` on {:?}",
+            config.handlers[0].stream
+        ),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
 /// A stream that exists without the transform `partitions` needs is
 /// refused at start, in one line naming the transform it needs; and a
 /// handler without partitions on a stream that transforms its subjects
@@ -250,52 +282,28 @@ async fn partitions_keep_each_key_in_order_across_hosts_and_a_kill() {
 #[tokio::test]
 async fn a_stream_without_the_transform_is_refused() {
     let nats = Nats::start();
-    let db = TestDb::new(Backend::Sqlite).await;
     let dir = tempfile::tempdir().unwrap();
-    let js = nats.jetstream().await;
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "ACCOUNTS".into(),
-        subjects: vec!["accounts.*".into()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut spec = HandlerSpec::new(HANDLER, "behave");
-    spec.subjects = vec!["accounts.*".into()];
-    spec.extra
-        .push_str("order_key = \"subject:2\"\npartitions = 2\nack_wait = \"3s\"\n");
-    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
-    let config = idem::config::Config::load(&cfg).unwrap();
-    let err = match idem::service::Host::start(&config).await {
-        Ok(_) => panic!("a host started on a stream without the transform"),
-        Err(e) => format!("{e:#}"),
-    };
+    let err = start_error(
+        &nats,
+        dir.path(),
+        Default::default(),
+        "order_key = \"subject:2\"\npartitions = 2\nack_wait = \"3s\"\n",
+    )
+    .await;
     assert!(
         err.contains(
             "handler `versions`: stream `ACCOUNTS` does not partition its messages as partitions = 2 needs (subject transform accounts.* -> {{partition(2,1)}}.accounts.{{wildcard(1)}}; it has none)"
         ),
         "{err}"
     );
-    js.delete_stream("ACCOUNTS").await.unwrap();
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "ACCOUNTS".into(),
-        subjects: vec!["accounts.*".into()],
+    let partitioned = async_nats::jetstream::stream::Config {
         subject_transform: Some(async_nats::jetstream::stream::SubjectTransform {
             source: "accounts.*".into(),
             destination: "{{partition(2,1)}}.accounts.{{wildcard(1)}}".into(),
         }),
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut spec = HandlerSpec::new(HANDLER, "behave");
-    spec.subjects = vec!["accounts.*".into()];
-    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
-    let config = idem::config::Config::load(&cfg).unwrap();
-    let err = match idem::service::Host::start(&config).await {
-        Ok(_) => panic!("a host without partitions started on a partitioned stream"),
-        Err(e) => format!("{e:#}"),
     };
+    let err = start_error(&nats, dir.path(), partitioned, "").await;
     assert!(
         err.contains(
             "handler `versions`: stream `ACCOUNTS` stores what is published to `accounts.*` under `{{partition(2,1)}}.accounts.{{wildcard(1)}}` (a subject transform, as for partitions), so a consumer filtering on [\"accounts.*\"] would never see a message"
