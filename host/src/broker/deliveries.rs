@@ -107,6 +107,12 @@ impl Deliveries {
         self.pin.clone()
     }
 
+    /// Messages delivered to the open pull stream and not yet taken (0
+    /// when none is open).
+    pub fn buffered(&self) -> usize {
+        self.stream.as_ref().map_or(0, PullStream::buffered)
+    }
+
     /// Deliveries of this consumer out and not yet acked (`num_ack_pending`),
     /// to this host or any other, as the broker reports them now.
     ///

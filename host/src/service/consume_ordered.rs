@@ -243,7 +243,8 @@ async fn gather(
 }
 
 /// What a loop admits when JetStream has just pinned it for its partition
-/// (`msg` carried the new pin): `msg` and what arrives within
+/// (`msg` carried the new pin): `msg` alone when every delivery out
+/// (`num_ack_pending`) is this loop's; else `msg` and what arrives within
 /// [`GATHER_LINGER`]; and when the consumer still has more deliveries out
 /// than that and the `held` this loop keeps (the host before had them in
 /// flight to it as it stopped, or held them when it died), what arrives
@@ -257,6 +258,15 @@ async fn take_over(
     msg: Message,
     held: usize,
 ) -> Vec<Message> {
+    let out_now = deliveries.ack_pending().await;
+    // Every delivery out is this loop's (this message, those buffered,
+    // those in its lanes): nothing of a host before is to come back, and
+    // the partition starts at once.
+    if let Ok(n) = out_now
+        && usize::try_from(n).unwrap_or(usize::MAX) <= 1 + deliveries.buffered() + held
+    {
+        return vec![msg];
+    }
     let mut first = gather(deliveries, stop, vec![msg], TAKEOVER_GATHER, GATHER_LINGER).await;
     let out = match deliveries.ack_pending().await {
         Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
