@@ -25,8 +25,9 @@
 //! - `Tx exec`: `Tx::execute` / `Tx::query` inside one open transaction, as the
 //!   guest's call runs (savepoint, statement, release, value conversion); no
 //!   commit. Transactions of 250 statements are committed outside the timing.
-//! - `raw exec`: the same checked text through plain sqlx on the same
-//!   transaction (no savepoint, rows fetched but not converted).
+//! - `raw exec`: the same checked text through the driver alone on the same
+//!   transaction (sqlx on PostgreSQL, rusqlite on SQLite's connection; no
+//!   savepoint, rows fetched but not converted).
 //! - `savepoint`: `Tx exec` − `raw exec`, the cost of per-statement isolation.
 //! - `full tx`: one message's database work end to end: BEGIN, receipt insert,
 //!   the statement through `Tx`, COMMIT (PostgreSQL: one WAL flush; SQLite:
@@ -347,11 +348,10 @@ async fn via_tx(tx: &mut Tx, case: &Case, checked: &CheckedSql, params: &[SqlVal
     Ok(())
 }
 
-/// The same checked text through plain sqlx on the same transaction.
+/// The same checked text through the driver alone on the same transaction.
 async fn via_raw(tx: &mut Tx, case: &Case, sql: &Arc<str>, params: &[i64]) -> Result<()> {
-    let sql = sqlx::AssertSqlSafe(Arc::clone(sql));
     let (affected, fetched) = if let Some(t) = tx.postgres_tx() {
-        let mut q = sqlx::query(sql);
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(sql)));
         for &p in params {
             q = q.bind(p);
         }
@@ -359,14 +359,21 @@ async fn via_raw(tx: &mut Tx, case: &Case, sql: &Arc<str>, params: &[i64]) -> Re
             Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
             Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
         }
-    } else if let Some(t) = tx.sqlite_tx() {
-        let mut q = sqlx::query(sql);
-        for &p in params {
-            q = q.bind(p);
+    } else if let Some(c) = tx.sqlite_connection() {
+        let mut stmt = c.prepare_cached(sql)?;
+        for (i, &p) in params.iter().enumerate() {
+            stmt.raw_bind_parameter(i + 1, p)?;
         }
         match case.call {
-            Call::Execute => (q.execute(&mut **t).await?.rows_affected(), 1),
-            Call::Query => (1, black_box(q.fetch_all(&mut **t).await?).len()),
+            Call::Execute => (u64::try_from(stmt.raw_execute()?)?, 1),
+            Call::Query => {
+                let mut rows = stmt.raw_query();
+                let mut n = 0;
+                while black_box(rows.next()?).is_some() {
+                    n += 1;
+                }
+                (1, n)
+            }
         }
     } else {
         bail!("no database backend");

@@ -10,7 +10,7 @@ use idem::runtime::{
     GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, LoadOptions, Runtime,
 };
 use idem::sql_guard::SqlGuard;
-use idem::store::{DbKind, Tx};
+use idem::store::{Database, DbKind};
 use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{Row, SqlitePool};
@@ -25,9 +25,12 @@ static BEHAVE: LazyLock<Arc<HandlerComponent>> = LazyLock::new(|| {
         .unwrap_or_else(|e| panic!("{e}"))
 });
 
+/// A SQLite file with the tables the guests use: read through `pool`,
+/// written in the host's transactions of `database`.
 struct Db {
     _dir: tempfile::TempDir,
     pool: SqlitePool,
+    database: Database,
 }
 
 async fn db() -> Db {
@@ -48,7 +51,13 @@ async fn db() -> Db {
         .execute(&pool)
         .await
         .unwrap();
-    Db { _dir: dir, pool }
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let database = Database::connect(&url, 2).await.unwrap();
+    Db {
+        _dir: dir,
+        pool,
+        database,
+    }
 }
 
 fn invocation(limits: Limits) -> Invocation {
@@ -81,13 +90,10 @@ async fn run(
     payload: serde_json::Value,
     delivery: u64,
 ) -> Result<(), HandlerFailure> {
-    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
+    let tx = db.database.begin().await.unwrap();
     let (result, tx) = RUNTIME
         .handle(&BEHAVE, &invocation(limits), tx, message(payload, delivery))
         .await;
-    let Some(tx) = tx.into_sqlite() else {
-        panic!("the transaction changed kind")
-    };
     if result.is_ok() {
         tx.commit().await.unwrap();
     } else {
@@ -165,7 +171,7 @@ async fn retry_once_then_credit_reads_the_delivery_count() {
 #[tokio::test]
 async fn bad_payload_rejects() {
     let db = db().await;
-    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
+    let tx = db.database.begin().await.unwrap();
     let mut msg = message(json!({}), 1);
     msg.payload = b"not json".to_vec();
     let (r, _tx) = RUNTIME
@@ -360,25 +366,24 @@ async fn a_full_pool_asks_for_a_retry() {
     let module = small
         .load(&target.join("guests/behave.wasm"), LoadOptions::default())
         .unwrap();
-    let db = db().await;
+    // Two files: a host transaction holds SQLite's write lock, and the
+    // second call must reach the runtime while the first still runs.
+    let (db, other) = (db().await, db().await);
     let slow = Limits {
         deadline: Duration::from_millis(300),
         ..Limits::default()
     };
-    let call = |limits: Limits, payload: serde_json::Value| {
-        let (small, module, pool) = (&small, &module, &db.pool);
-        async move {
-            let tx = Tx::from_sqlite(pool.begin().await.unwrap());
-            small
-                .handle(module, &invocation(limits), tx, message(payload, 1))
-                .await
-                .0
-        }
+    let call = async |limits: Limits, payload: serde_json::Value, database: &Database| {
+        let tx = database.begin().await.unwrap();
+        small
+            .handle(&module, &invocation(limits), tx, message(payload, 1))
+            .await
+            .0
     };
-    let busy = call(slow, json!({"op": "loop"}));
+    let busy = call(slow, json!({"op": "loop"}), &db.database);
     let second = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        call(Limits::default(), json!({"op": "reject"})).await
+        call(Limits::default(), json!({"op": "reject"}), &other.database).await
     };
     let (busy, second) = tokio::join!(busy, second);
     assert!(matches!(busy, Err(HandlerFailure::Trap(_))), "{busy:?}");
@@ -387,7 +392,7 @@ async fn a_full_pool_asks_for_a_retry() {
         other => panic!("expected a retry, got {other:?}"),
     }
     // Once the slot is free again, calls run.
-    let r = call(Limits::default(), json!({"op": "reject"})).await;
+    let r = call(Limits::default(), json!({"op": "reject"}), &db.database).await;
     assert!(matches!(r, Err(HandlerFailure::Reject(_))), "{r:?}");
 }
 
@@ -395,7 +400,7 @@ async fn a_full_pool_asks_for_a_retry() {
 async fn a_module_from_another_runtime_is_refused() {
     let other = Runtime::new().unwrap();
     let db = db().await;
-    let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
+    let tx = db.database.begin().await.unwrap();
     let (r, _tx) = other
         .handle(
             &BEHAVE,
@@ -421,7 +426,7 @@ async fn credit_example_upserts_and_rejects_bad_json() {
         json!({"event_id": "evt_8143", "account_id": 73, "amount": -20}),
         json!({"account_id": "seventy-three"}),
     ] {
-        let tx = Tx::from_sqlite(db.pool.begin().await.unwrap());
+        let tx = db.database.begin().await.unwrap();
         let (r, tx) = RUNTIME
             .handle(
                 &credit,
@@ -430,7 +435,6 @@ async fn credit_example_upserts_and_rejects_bad_json() {
                 message(payload.clone(), 1),
             )
             .await;
-        let Some(tx) = tx.into_sqlite() else { panic!() };
         match r {
             Ok(_) => tx.commit().await.unwrap(),
             Err(HandlerFailure::Reject(reason)) => {

@@ -142,20 +142,14 @@ async fn state(tx: &mut Tx, a: &Arena) -> (Vec<String>, i64, i64) {
                 .await
                 .unwrap(),
         )
-    } else if let Some(t) = tx.sqlite_tx() {
+    } else if let Some(c) = tx.sqlite_connection() {
+        let mut stmt = c.prepare(&secrets).unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+        let count = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
         (
-            sqlx::query_scalar(AssertSqlSafe(secrets))
-                .fetch_all(&mut **t)
-                .await
-                .unwrap(),
-            sqlx::query_scalar(receipts)
-                .fetch_one(&mut **t)
-                .await
-                .unwrap(),
-            sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
-                .fetch_one(&mut **t)
-                .await
-                .unwrap(),
+            rows.collect::<Result<_, _>>().unwrap(),
+            count(receipts),
+            count("SELECT count(*) FROM sqlite_schema"),
         )
     } else {
         unreachable!("no backend")

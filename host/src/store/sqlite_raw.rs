@@ -7,8 +7,11 @@
 //!
 //! sqlx gives a SQLite connection's raw `sqlite3*` through
 //! `LockedSqliteHandle::as_raw_handle`; the lock keeps sqlx's worker thread
-//! off the connection while the handle is held, and every function here takes
-//! that handle and uses it only before returning. The rules followed
+//! off the connection while the handle is held. A message transaction's
+//! connection (rusqlite, `store::sqlite::direct`) gives it through
+//! [`handle_of`], borrowed from the connection, which is used on one task at
+//! a time. Every function here takes that handle and uses it only before
+//! returning. The rules followed
 //! (<https://www.sqlite.org/c3ref/intro.html>):
 //! - the authorizer's user data points at a [`Ctx`] on this function's stack,
 //!   and the authorizer is removed again before the function returns, on
@@ -44,6 +47,15 @@ pub(crate) struct Request<'a> {
 /// (lower-cased), as [`crate::store::Tx::compile_judged`] passes them.
 pub(crate) type SchemaPolicy<'a> =
     dyn FnMut(&Request<'_>, &std::collections::HashSet<String>) -> Result<(), String> + Send + 'a;
+
+/// The raw handle of `conn`, for the functions here; `None` when the
+/// connection is closed.
+pub(crate) fn handle_of(conn: &rusqlite::Connection) -> Option<NonNull<ffi::sqlite3>> {
+    // SAFETY: rusqlite's handle stays valid while `conn` is open; the caller
+    // holds `conn` borrowed while it uses the handle, and the functions here
+    // use it only before they return.
+    NonNull::new(unsafe { conn.handle() })
+}
 
 /// What compiling the text showed, when SQLite accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,13 +366,6 @@ pub(crate) fn main_tables(handle: NonNull<ffi::sqlite3>) -> Result<Vec<String>, 
             _ => return Err(last_error(db)),
         }
     }
-}
-
-/// Whether `handle`'s connection is inside a transaction (not in autocommit
-/// mode; <https://www.sqlite.org/c3ref/get_autocommit.html>).
-pub(crate) fn in_transaction(handle: NonNull<ffi::sqlite3>) -> bool {
-    // SAFETY: a valid, locked handle.
-    unsafe { ffi::sqlite3_get_autocommit(handle.as_ptr()) == 0 }
 }
 
 /// Sets the most bytes any one string, BLOB or row may have on this

@@ -3,9 +3,9 @@
 //! taken back, and each message's time budget.
 
 use super::Tx;
-use crate::store::backend::{Batch, Transaction as _};
+use super::codes::to_sqlx;
+use crate::store::backend::{Batch, Param, Transaction as _};
 use crate::store::batch::BatchRow;
-use sqlx::AssertSqlSafe;
 use std::fmt::Write as _;
 
 impl Batch for Tx {
@@ -30,21 +30,31 @@ impl Batch for Tx {
             let _ = write!(insert, "{sep}(?1, ?{p}, ?{}, ?2, ?{})", p + 1, p + 2);
         }
         insert.push_str(" ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id");
-        let mut query = sqlx::query_scalar(AssertSqlSafe(insert))
-            .bind(consumer)
-            .bind(digest);
+        let mut params = vec![Param::Text(consumer), Param::Text(digest)];
         for r in rows {
-            query = query
-                .bind(r.message_id)
-                .bind(r.stream_sequence)
-                .bind(r.published_ms);
+            params.extend([
+                Param::Text(r.message_id),
+                Param::Int(r.stream_sequence),
+                Param::Int(r.published_ms),
+            ]);
         }
-        query.fetch_all(&mut *self.0).await
+        let run = || -> rusqlite::Result<Vec<String>> {
+            let conn = self.0.get();
+            let mut stmt = conn.prepare_cached(&insert)?;
+            super::values::bind_host(&mut stmt, &params)?;
+            let mut inserted = Vec::with_capacity(rows.len());
+            let mut found = stmt.raw_query();
+            while let Some(row) = found.next()? {
+                inserted.push(row.get(0)?);
+            }
+            Ok(inserted)
+        };
+        run().map_err(to_sqlx)
     }
 
     /// The statements of the next message get the whole budget again.
     async fn renew_budget(&mut self, budget: std::time::Duration) -> Result<(), sqlx::Error> {
-        self.bound_statements(budget).await
+        self.bound_statements(budget)
     }
 
     /// One writer: no deadlock, no serialization failure.

@@ -10,19 +10,20 @@ use crate::store::{ErrorClass, one_line};
 /// constraint; 23 (SQLITE_AUTH) denied. SQLite reports syntax errors and
 /// unknown tables/columns alike as SQLITE_ERROR (1), so those are `Other`
 /// (the guard already rejected anything that does not parse).
-pub(super) fn map_error(e: sqlx::Error) -> DbError {
+pub(super) fn map_error(e: rusqlite::Error) -> DbError {
     match &e {
-        sqlx::Error::Database(db) => {
-            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+        rusqlite::Error::SqliteFailure(failure, message) => {
+            let code = failure.extended_code;
             let kind = match code {
                 2067 | 1555 => DbErrorKind::UniqueViolation,
                 c if c & 0xff == 19 => DbErrorKind::ConstraintViolation,
                 c if c & 0xff == 23 => DbErrorKind::Denied,
                 _ => DbErrorKind::Other,
             };
+            let message = message.clone().unwrap_or_else(|| failure.to_string());
             DbError {
                 kind,
-                message: one_line(&format!("{} (SQLite code {code})", db.message())),
+                message: one_line(&format!("{message} (SQLite code {code})")),
             }
         }
         _ => DbError {
@@ -30,6 +31,79 @@ pub(super) fn map_error(e: sqlx::Error) -> DbError {
             message: one_line(&e.to_string()),
         },
     }
+}
+
+/// A SQLite error of a message transaction's connection (`direct`), as a
+/// [`sqlx::error::DatabaseError`], so that the store reads its class as it
+/// reads sqlx's own ([`class`], [`is_sqlite`]). `code` is the extended
+/// result code; `None` for a failure that is not SQLite's (a value of the
+/// wrong type, a parameter without a value).
+#[derive(Debug)]
+pub(in crate::store) struct DirectError {
+    code: Option<i32>,
+    code_text: Option<String>,
+    message: String,
+}
+
+impl std::fmt::Display for DirectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.code {
+            Some(code) => write!(f, "{} (code: {code})", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for DirectError {}
+
+impl sqlx::error::DatabaseError for DirectError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.code_text.as_deref().map(std::borrow::Cow::Borrowed)
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    /// By extended result code (<https://sqlite.org/rescode.html>).
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        use sqlx::error::ErrorKind;
+        match self.code {
+            Some(2067 | 1555) => ErrorKind::UniqueViolation,
+            Some(787) => ErrorKind::ForeignKeyViolation,
+            Some(1299) => ErrorKind::NotNullViolation,
+            Some(275) => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// `e` as the store's driver error ([`DirectError`]).
+pub(super) fn to_sqlx(e: rusqlite::Error) -> sqlx::Error {
+    let (code, message) = match &e {
+        rusqlite::Error::SqliteFailure(failure, message) => (
+            Some(failure.extended_code),
+            message.clone().unwrap_or_else(|| failure.to_string()),
+        ),
+        other => (None, other.to_string()),
+    };
+    sqlx::Error::Database(Box::new(DirectError {
+        code,
+        code_text: code.map(|c| c.to_string()),
+        message,
+    }))
 }
 
 /// Whether `e` says a table the statement names does not exist (SQLite
@@ -41,6 +115,7 @@ pub(super) fn is_undefined_table(e: &sqlx::Error) -> bool {
 /// Whether a database error is SQLite's (its code is then a result code).
 pub(in crate::store) fn is_sqlite(db: &dyn sqlx::error::DatabaseError) -> bool {
     db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+        || db.try_downcast_ref::<DirectError>().is_some()
 }
 
 /// The class of a SQLite error with (extended) result code `code`, by its

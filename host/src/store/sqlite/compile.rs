@@ -5,7 +5,7 @@
 use super::Tx;
 use crate::sql_value::{DbError, DbErrorKind};
 use crate::store::backend::CompileHook;
-use crate::store::{one_line, sqlite_raw};
+use crate::store::sqlite_raw;
 use std::collections::HashSet;
 
 impl CompileHook for Tx {
@@ -16,11 +16,13 @@ impl CompileHook for Tx {
         authorize: &mut sqlite_raw::SchemaPolicy<'_>,
         flag_opcodes: &[&str],
     ) -> Result<Result<sqlite_raw::Compiled, sqlite_raw::CompileError>, DbError> {
-        let mut handle = self.0.lock_handle().await.map_err(|e| DbError {
-            kind: DbErrorKind::Other,
-            message: one_line(&format!("cannot reach the connection: {e}")),
-        })?;
-        let raw = handle.as_raw_handle();
+        let conn = self.0.get();
+        let Some(raw) = sqlite_raw::handle_of(&conn) else {
+            return Err(DbError {
+                kind: DbErrorKind::Other,
+                message: "the transaction's connection is closed".into(),
+            });
+        };
         let tables: HashSet<String> = match sqlite_raw::main_tables(raw) {
             Ok(names) => names.iter().map(|n| n.to_ascii_lowercase()).collect(),
             Err(e) => return Ok(Err(e)),

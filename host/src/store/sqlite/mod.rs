@@ -3,10 +3,13 @@
 //! Host tables in `schema`, values in `values`, result codes in `codes`,
 //! the compile hook in `compile`, a batch's side in `batch`, the commit
 //! settings in `durability`; SQLite's C API only in `store::sqlite_raw`.
+//! Message transactions run on connections of their own (`direct`), used
+//! on the calling task; everything else goes through sqlx's pool.
 
 mod batch;
 pub(super) mod codes;
 mod compile;
+mod direct;
 mod durability;
 mod schema;
 mod values;
@@ -15,17 +18,16 @@ use super::backend::{self, Param, bind_params};
 use super::statement::ResultBounds;
 use super::{Backend, DbKind, sqlite_raw};
 use crate::sql_value::{CheckedSql, DbError, Rows, SqlValue};
-use codes::map_error;
-use futures::TryStreamExt as _;
+use codes::{map_error, to_sqlx};
+use sqlx::SqlStr;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
 };
-use sqlx::{Column as _, Row as _, SqlStr, Sqlite};
 use std::path::PathBuf;
 use std::str::FromStr as _;
 use std::time::Duration;
-use values::{bind, decode_row};
+use values::{bind, bind_host, decode_row};
 
 /// `failed_at` (stored as Unix milliseconds), with the other dead-letter
 /// columns (`backend::HostRow::dead_letter`).
@@ -36,11 +38,13 @@ macro_rules! dead_letter_columns {
     };
 }
 
-/// A SQLite pool (WAL, `synchronous=FULL`, busy timeout, foreign keys on).
-pub struct Pool(SqlitePool);
+/// A SQLite pool (WAL, `synchronous=FULL`, busy timeout, foreign keys on):
+/// sqlx's, and the connections message transactions run on (`direct`).
+pub struct Pool(SqlitePool, direct::Conns);
 
-/// A SQLite transaction started with `BEGIN IMMEDIATE` (holds the write lock).
-pub struct Tx(sqlx::Transaction<'static, Sqlite>);
+/// A SQLite transaction started with `BEGIN IMMEDIATE` (holds the write
+/// lock), on a connection used on the calling task (`direct`).
+pub struct Tx(direct::Conn);
 
 /// SQLite has one writer anyway: the prune lock holds nothing.
 pub struct PruneLock;
@@ -74,26 +78,12 @@ impl super::Database {
 }
 
 impl super::Tx {
-    /// A transaction the caller began on a SQLite pool (tests and tools; the
-    /// host begins its own with [`super::Database::begin`], `BEGIN IMMEDIATE`).
-    pub fn from_sqlite(tx: sqlx::Transaction<'static, Sqlite>) -> Self {
-        super::Tx(Backend::Sqlite(Tx(tx)), super::Savepoints::default())
-    }
-
-    /// The SQLite transaction, for tests and tools that run SQL of their own
-    /// in it (never a guest's); `None` on another database.
-    pub fn sqlite_tx(&mut self) -> Option<&mut sqlx::Transaction<'static, Sqlite>> {
-        match &mut self.0 {
-            Backend::Sqlite(t) => Some(&mut t.0),
-            _ => None,
-        }
-    }
-
-    /// The SQLite transaction itself, to commit or roll back with sqlx;
-    /// `None` (and the transaction dropped, so rolled back) on another database.
-    pub fn into_sqlite(self) -> Option<sqlx::Transaction<'static, Sqlite>> {
-        match self.0 {
-            Backend::Sqlite(t) => Some(t.0),
+    /// The SQLite connection of this transaction, for tests and tools that
+    /// run SQL of their own in it (never a guest's); `None` on another
+    /// database.
+    pub fn sqlite_connection(&self) -> Option<std::sync::MutexGuard<'_, rusqlite::Connection>> {
+        match &self.0 {
+            Backend::Sqlite(t) => Some(t.0.get()),
             _ => None,
         }
     }
@@ -131,8 +121,18 @@ impl backend::Pool for Pool {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(lock_wait)
             .foreign_keys(true);
+        let acquire_timeout = lock_wait + Duration::from_secs(10);
+        let direct = direct::Conns::new(
+            direct::OpenSpec {
+                path: options.get_filename().to_path_buf(),
+                in_memory: in_memory(url),
+                busy_timeout: lock_wait,
+            },
+            if in_memory(url) { 1 } else { max_connections },
+            acquire_timeout,
+        );
         let pool = SqlitePoolOptions::new()
-            .acquire_timeout(lock_wait + Duration::from_secs(10))
+            .acquire_timeout(acquire_timeout)
             // A transaction's time budget (`bound_statements`) and the guest's
             // value bound (`bound_guest_values`) end with it.
             .after_release(|conn, _| {
@@ -155,7 +155,9 @@ impl backend::Pool for Pool {
         } else {
             pool.max_connections(max_connections.max(1))
         };
-        pool.connect_with(options).await.map(Pool)
+        // sqlx's pool first: it creates the file and sets WAL on it.
+        let pool = pool.connect_with(options).await?;
+        Ok(Pool(pool, direct))
     }
 
     async fn prepare_host_tables(&self) -> Result<(), sqlx::Error> {
@@ -177,7 +179,7 @@ impl backend::Pool for Pool {
 
     /// `BEGIN IMMEDIATE`: takes the write lock at once.
     async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        Ok(Tx(self.0.begin_with("BEGIN IMMEDIATE").await?))
+        Ok(Tx(self.1.begin().await?))
     }
 
     /// [`backend::Pool::begin`], then the progress handler that bounds every
@@ -189,12 +191,13 @@ impl backend::Pool for Pool {
         timeout: Duration,
         _lock_wait: Option<Duration>,
     ) -> Result<Tx, sqlx::Error> {
-        let mut tx = Tx(self.0.begin_with("BEGIN IMMEDIATE").await?);
-        tx.bound_statements(timeout).await?;
+        let mut tx = Tx(self.1.begin().await?);
+        tx.bound_statements(timeout)?;
         Ok(tx)
     }
 
     async fn close(&self) {
+        self.1.close();
         self.0.close().await
     }
 
@@ -280,18 +283,52 @@ impl Tx {
     /// Interrupts (SQLITE_INTERRUPT) any statement of the transaction still
     /// running `budget` after now, checked every 1000 virtual machine
     /// instructions (<https://www.sqlite.org/c3ref/progress_handler.html>).
-    pub(super) async fn bound_statements(&mut self, budget: Duration) -> Result<(), sqlx::Error> {
+    ///
+    /// # Errors
+    /// The handler cannot be set.
+    pub(super) fn bound_statements(&mut self, budget: Duration) -> Result<(), sqlx::Error> {
         let until = std::time::Instant::now() + budget;
         self.0
-            .lock_handle()
-            .await?
-            .set_progress_handler(1000, move || std::time::Instant::now() < until);
-        Ok(())
+            .get()
+            .progress_handler(1000, Some(move || std::time::Instant::now() >= until))
+            .map_err(to_sqlx)
+    }
+
+    /// Runs host statement `sql` with `params`; the rows it affected, and
+    /// the first row it returned when `first` asks for it.
+    fn run_host(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+        first: bool,
+    ) -> rusqlite::Result<(u64, Option<values::Row>)> {
+        let conn = self.0.get();
+        let mut stmt = conn.prepare_cached(sql)?;
+        bind_host(&mut stmt, params)?;
+        let names: Vec<String> = if first {
+            stmt.column_names()
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let readonly = stmt.readonly();
+        let mut rows = stmt.raw_query();
+        let mut row = None;
+        while let Some(r) = rows.next()? {
+            if first && row.is_none() {
+                row = Some(values::Row::read(r, &names)?);
+            }
+        }
+        drop(rows);
+        let affected = if readonly { 0 } else { conn.changes() };
+        Ok((affected, row))
     }
 }
 
 impl backend::Transaction for Tx {
-    type Row = SqliteRow;
+    type Row = values::Row;
 
     const KIND: DbKind = DbKind::Sqlite;
 
@@ -302,28 +339,39 @@ impl backend::Transaction for Tx {
 
     /// `SQLITE_LIMIT_LENGTH` for the guest's statements.
     async fn bound_guest_values(&mut self, max_value_bytes: usize) -> Result<(), sqlx::Error> {
-        let mut handle = self.0.lock_handle().await?;
-        sqlite_raw::set_length_limit(handle.as_raw_handle(), max_value_bytes);
-        Ok(())
+        let bytes = i32::try_from(max_value_bytes).unwrap_or(i32::MAX).max(1);
+        self.0
+            .get()
+            .set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH, bytes)
+            .map(drop)
+            .map_err(to_sqlx)
     }
 
     async fn run_host_sql(&mut self, sql: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sql).execute(&mut *self.0).await.map(|_| ())
+        self.0.get().execute_batch(sql).map_err(to_sqlx)
     }
 
     /// Whether the connection is still inside the host's transaction
     /// (SQLite's autocommit flag is off).
     async fn still_open(&mut self) -> Result<bool, sqlx::Error> {
-        let mut handle = self.0.lock_handle().await?;
-        Ok(sqlite_raw::in_transaction(handle.as_raw_handle()))
+        Ok(!self.0.get().is_autocommit())
     }
 
+    /// Runs the statement to its end (rows it returns are read and
+    /// dropped); the rows it changed (`sqlite3_changes`), 0 for a
+    /// statement that writes nothing.
     async fn execute(&mut self, sql: &CheckedSql, params: &[SqlValue]) -> Result<u64, DbError> {
-        bind(sqlx::query(sqlx::AssertSqlSafe(sql.shared_text())), params)
-            .execute(&mut *self.0)
-            .await
-            .map(|done| done.rows_affected())
-            .map_err(map_error)
+        let conn = self.0.get();
+        let run = || -> rusqlite::Result<u64> {
+            let mut stmt = conn.prepare_cached(sql.as_str())?;
+            bind(&mut stmt, params)?;
+            let readonly = stmt.readonly();
+            let mut rows = stmt.raw_query();
+            while rows.next()?.is_some() {}
+            drop(rows);
+            Ok(if readonly { 0 } else { conn.changes() })
+        };
+        run().map_err(map_error)
     }
 
     async fn query(
@@ -332,16 +380,22 @@ impl backend::Transaction for Tx {
         params: &[SqlValue],
         bounds: ResultBounds,
     ) -> Result<Rows, DbError> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let mut stream =
-            bind(sqlx::query(sqlx::AssertSqlSafe(sql.shared_text())), params).fetch(&mut *conn);
+        let conn = self.0.get();
+        let mut stmt = conn.prepare_cached(sql.as_str()).map_err(map_error)?;
+        bind(&mut stmt, params).map_err(map_error)?;
+        let names: Vec<String> = stmt
+            .column_names()
+            .iter()
+            .map(|n| (*n).to_owned())
+            .collect();
+        let mut rows = stmt.raw_query();
         let mut out = Rows::default();
         let mut used = 0;
-        while let Some(row) = stream.try_next().await.map_err(map_error)? {
+        while let Some(row) = rows.next().map_err(map_error)? {
             if out.rows.is_empty() {
-                out.columns = row.columns().iter().map(|c| c.name().to_owned()).collect();
+                out.columns.clone_from(&names);
             }
-            bounds.push(&mut out, decode_row(&row)?, &mut used)?;
+            bounds.push(&mut out, decode_row(row, &names)?, &mut used)?;
         }
         Ok(out)
     }
@@ -351,29 +405,33 @@ impl backend::Transaction for Tx {
 
     /// Removes the time budget first: it must not interrupt the COMMIT itself.
     async fn commit(mut self) -> Result<(), sqlx::Error> {
-        self.0.lock_handle().await?.remove_progress_handler();
+        self.0
+            .get()
+            .progress_handler(0, None::<fn() -> bool>)
+            .map_err(to_sqlx)?;
         self.0.commit().await
     }
 
+    /// ROLLBACK of a WAL transaction discards its pages without a sync: on
+    /// the calling task.
     async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.0.rollback().await
+        self.0.get().execute_batch("ROLLBACK").map_err(to_sqlx)
     }
 
     async fn run(&mut self, sql: SqlStr, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
-        let done = bind_params(sqlx::query(sql), params)
-            .execute(&mut *self.0)
-            .await?;
-        Ok(done.rows_affected())
+        self.run_host(sql.as_str(), params, false)
+            .map(|(n, _)| n)
+            .map_err(to_sqlx)
     }
 
     async fn fetch_optional(
         &mut self,
         sql: SqlStr,
         params: &[Param<'_>],
-    ) -> Result<Option<SqliteRow>, sqlx::Error> {
-        bind_params(sqlx::query(sql), params)
-            .fetch_optional(&mut *self.0)
-            .await
+    ) -> Result<Option<values::Row>, sqlx::Error> {
+        self.run_host(sql.as_str(), params, true)
+            .map(|(_, row)| row)
+            .map_err(to_sqlx)
     }
 }
 

@@ -1,0 +1,199 @@
+//! The SQLite connections message transactions run on, used on the calling
+//! task itself (rusqlite) rather than through sqlx.
+//!
+//! Why: sqlx runs each SQLite connection on a thread of its own, so every
+//! statement is a hop to that thread and back, two thread wake-ups, and a
+//! message sends about ten (BEGIN, the time budget, the value bound, the
+//! receipt, a savepoint, the guest's statement, the autocommit check,
+//! COMMIT, the reset on release). On a small VM the wake-ups were most of a
+//! message's CPU (ARCHITECTURE.md, "SQLite on the handler's task"). Here a
+//! transaction's statements run where the guest calls them: inside a
+//! `BEGIN IMMEDIATE` transaction the connection holds the write lock, so no
+//! statement waits for another writer, and each is bounded by the
+//! transaction's progress handler. Only what can wait runs on tokio's
+//! blocking pool: opening a connection, `BEGIN IMMEDIATE` (waits for the
+//! write lock up to the busy timeout) and `COMMIT` (fsync, and the WAL
+//! checkpoint it may run).
+//!
+//! The pool beside sqlx's (`super::Pool`): the same file and settings (WAL,
+//! `synchronous=FULL`, busy timeout, foreign keys on), up to the same
+//! number of connections. An in-memory database is opened by the name sqlx
+//! gave it, with a shared cache, so both pools see one database.
+
+use super::sqlite_raw;
+use rusqlite::{Connection, OpenFlags};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Prepared statements each connection keeps (sqlx's default too).
+const STATEMENT_CACHE: usize = 100;
+
+/// How to open one connection.
+#[derive(Debug, Clone)]
+pub(super) struct OpenSpec {
+    /// The file, or sqlx's `file:` name of an in-memory database.
+    pub path: PathBuf,
+    /// `path` names an in-memory database (opened with a shared cache).
+    pub in_memory: bool,
+    /// How long `BEGIN IMMEDIATE` waits for the write lock.
+    pub busy_timeout: Duration,
+}
+
+impl OpenSpec {
+    /// Opens and configures one connection (blocking: file I/O).
+    fn open(&self) -> rusqlite::Result<Connection> {
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        if self.in_memory {
+            flags |= OpenFlags::SQLITE_OPEN_MEMORY | OpenFlags::SQLITE_OPEN_SHARED_CACHE;
+        }
+        let conn = Connection::open_with_flags(&self.path, flags)?;
+        conn.busy_timeout(self.busy_timeout)?;
+        if !self.in_memory {
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Ok(conn)
+    }
+}
+
+/// A connection of the pool, shared only with a COMMIT on the blocking
+/// pool ([`Conn`]).
+type Shareable = Arc<Mutex<Connection>>;
+
+struct Shared {
+    spec: OpenSpec,
+    idle: Mutex<Vec<Shareable>>,
+    permits: Arc<Semaphore>,
+    acquire_timeout: Duration,
+}
+
+/// Up to `max` connections, idle ones kept for the next transaction.
+#[derive(Clone)]
+pub(super) struct Conns(Arc<Shared>);
+
+impl Conns {
+    /// A pool of up to `max` connections opened as `spec` says; a
+    /// transaction waits `acquire_timeout` at most for a free one.
+    pub fn new(spec: OpenSpec, max: u32, acquire_timeout: Duration) -> Self {
+        Conns(Arc::new(Shared {
+            spec,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(max.max(1) as usize)),
+            acquire_timeout,
+        }))
+    }
+
+    /// A connection inside a new `BEGIN IMMEDIATE` transaction.
+    ///
+    /// # Errors
+    /// No connection is free within the acquire timeout
+    /// (`sqlx::Error::PoolTimedOut`), the pool is closed (`PoolClosed`), the
+    /// file cannot be opened, or `BEGIN IMMEDIATE` fails (the write lock
+    /// was not free within the busy timeout: `SQLITE_BUSY`).
+    pub async fn begin(&self) -> Result<Conn, sqlx::Error> {
+        let shared = &self.0;
+        let permit = tokio::time::timeout(
+            shared.acquire_timeout,
+            Arc::clone(&shared.permits).acquire_owned(),
+        )
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)?
+        .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = lock(&shared.idle).pop();
+        let spec = shared.spec.clone();
+        let (conn, begun) = tokio::task::spawn_blocking(move || {
+            let conn = match idle {
+                Some(c) => c,
+                None => Arc::new(Mutex::new(spec.open()?)),
+            };
+            let begun = lock(&conn).execute_batch("BEGIN IMMEDIATE");
+            Ok::<_, rusqlite::Error>((conn, begun))
+        })
+        .await
+        .map_err(|_| sqlx::Error::WorkerCrashed)?
+        .map_err(super::codes::to_sqlx)?;
+        let conn = Conn {
+            conn,
+            shared: Arc::clone(shared),
+            _permit: permit,
+        };
+        // A failed BEGIN leaves the connection as it was: back to the pool.
+        begun.map_err(super::codes::to_sqlx)?;
+        Ok(conn)
+    }
+
+    /// Closes the idle connections; later transactions fail (`PoolClosed`).
+    pub fn close(&self) {
+        self.0.permits.close();
+        lock(&self.0.idle).clear();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A connection taken from [`Conns`]; dropped, it is rolled back if still
+/// in a transaction, reset (no progress handler, the default length limit)
+/// and given back, or closed when that fails. The mutex is never
+/// contended: the connection is used by one task at a time, and shared
+/// only so that COMMIT can run on the blocking pool.
+pub(super) struct Conn {
+    conn: Shareable,
+    shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    /// The connection, for statements run on the calling task (never held
+    /// across an `.await`).
+    pub fn get(&self) -> std::sync::MutexGuard<'_, Connection> {
+        lock(&self.conn)
+    }
+
+    /// Commits on the blocking pool (COMMIT writes and syncs the WAL).
+    ///
+    /// # Errors
+    /// COMMIT failed (the connection, rolled back, goes back to the pool).
+    pub async fn commit(&mut self) -> Result<(), sqlx::Error> {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || lock(&conn).execute_batch("COMMIT"))
+            .await
+            .map_err(|_| sqlx::Error::WorkerCrashed)?
+            .map_err(super::codes::to_sqlx)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // A COMMIT still running on the blocking pool (its caller gave up
+        // waiting) holds the other reference: the connection is closed
+        // when it ends, not given back.
+        let Some(conn) = Arc::get_mut(&mut self.conn) else {
+            return;
+        };
+        let conn = conn
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // ROLLBACK of a WAL transaction discards its pages; it does not sync.
+        let rolled_back = conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok();
+        let reset = conn
+            .progress_handler(0, None::<fn() -> bool>)
+            .and_then(|()| {
+                conn.set_limit(
+                    rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH,
+                    i32::try_from(sqlite_raw::DEFAULT_LENGTH_LIMIT).unwrap_or(i32::MAX),
+                )
+            })
+            .is_ok();
+        if rolled_back && reset && !self.shared.permits.is_closed() {
+            lock(&self.shared.idle).push(Arc::clone(&self.conn));
+        }
+    }
+}
