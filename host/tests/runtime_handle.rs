@@ -447,3 +447,66 @@ async fn credit_example_upserts_and_rejects_bad_json() {
     }
     assert_eq!(balance(&db, 73).await, Some(480));
 }
+
+#[tokio::test]
+async fn a_slow_statement_stops_at_the_deadline_not_the_budget() {
+    let db = db().await;
+    run(
+        &db,
+        Limits::default(),
+        json!({"op": "credit", "account_id": 1, "amount": 1}),
+        1,
+    )
+    .await
+    .unwrap();
+    let limits = Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    // A budget far past the deadline: the statement runs on this task,
+    // where only the store's interrupt at the deadline can stop it.
+    let tx = db
+        .database
+        .begin_bounded(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let q = json!({"op": "query", "params": [],
+        "sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c JOIN accounts"});
+    let start = Instant::now();
+    let (r, _tx) = RUNTIME
+        .handle(&BEHAVE, &invocation(limits), tx, message(q, 1))
+        .await;
+    let took = start.elapsed();
+    assert_eq!(
+        r.map(drop),
+        Err(HandlerFailure::Trap("exceeded the 300ms deadline".into()))
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+#[tokio::test]
+async fn a_query_after_a_schema_change_reads_the_new_columns() {
+    let db = db().await;
+    run(
+        &db,
+        Limits::default(),
+        json!({"op": "credit", "account_id": 9, "amount": 42}),
+        1,
+    )
+    .await
+    .unwrap();
+    let q = json!({"op": "query", "sql": "SELECT * FROM accounts", "params": []});
+    let reason = reject_reason(run(&db, Limits::default(), q.clone(), 1).await);
+    assert_eq!(reason, r#"rows ["account_id","balance"] [[9,42]]"#);
+    // Another connection changes the schema; the statement cached on the
+    // transaction's connection is prepared again when it runs.
+    sqlx::query("ALTER TABLE accounts ADD COLUMN note TEXT NOT NULL DEFAULT 'n'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let reason = reject_reason(run(&db, Limits::default(), q, 1).await);
+    assert_eq!(
+        reason,
+        r#"rows ["account_id","balance","note"] [[9,42,"n"]]"#
+    );
+}

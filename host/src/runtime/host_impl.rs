@@ -133,6 +133,9 @@ impl HostState {
 /// Awaits one statement, bounded by what is left of the message's deadline.
 /// A deadline that runs out here is a trap, not an error value: the guest must
 /// not go on; nor may it when the statement cost the host its transaction.
+/// A statement that ran on this task (SQLite, `Tx::cap_statements`) cannot
+/// be stopped by the timer: the store interrupts it at the deadline, and
+/// whatever it returned then is the same trap.
 /// A statement that failed on a unique constraint is counted in `stats`.
 async fn within<T>(
     deadline: Instant,
@@ -147,7 +150,14 @@ async fn within<T>(
             "deadline exceeded before a statement"
         ));
     }
-    match tokio::time::timeout(left, statement).await {
+    let done = tokio::time::timeout(left, statement).await;
+    if done.is_ok() && Instant::now() >= deadline {
+        *stop = Some(Stop::Deadline);
+        return Err(wasmtime::format_err!(
+            "deadline exceeded during a statement"
+        ));
+    }
+    match done {
         Ok(Ok(v)) => Ok(Ok(v)),
         Ok(Err(StatementError::Failed(e))) => {
             if e.kind == DbErrorKind::UniqueViolation {

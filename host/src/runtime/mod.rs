@@ -517,6 +517,10 @@ impl Runtime {
         let deadline = now
             .checked_add(limits.deadline)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
+        if let Err(e) = tx.cap_statements(deadline) {
+            let failure = format!("cannot prepare the connection for the guest: {e}");
+            return (Err(HandlerFailure::Retry(failure)), tx);
+        }
         let state = HostState::new(
             tx,
             call.handler.clone(),

@@ -144,6 +144,17 @@ impl Tx {
         dispatch!(&mut self.0, t => t.row_functions(names, tables).await)
     }
 
+    /// Interrupts any statement still running at `until`, the message's
+    /// deadline, on a database whose statements run on the calling thread
+    /// (SQLite: no timer can stop them there); until the next message of a
+    /// batch sets its budget ([`Tx::begin_message`]). Nothing on PostgreSQL.
+    ///
+    /// # Errors
+    /// The bound cannot be set.
+    pub fn cap_statements(&mut self, until: std::time::Instant) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.cap_statements(until))?)
+    }
+
     /// Commits. Only after this returns `Ok` is the effect durable.
     ///
     /// # Errors

@@ -39,6 +39,8 @@ pub(super) struct OpenSpec {
     pub in_memory: bool,
     /// How long `BEGIN IMMEDIATE` waits for the write lock.
     pub busy_timeout: Duration,
+    /// The URL's `vfs` parameter (sqlx opens its connections with it).
+    pub vfs: Option<String>,
 }
 
 impl OpenSpec {
@@ -51,7 +53,10 @@ impl OpenSpec {
         if self.in_memory {
             flags |= OpenFlags::SQLITE_OPEN_MEMORY | OpenFlags::SQLITE_OPEN_SHARED_CACHE;
         }
-        let conn = Connection::open_with_flags(&self.path, flags)?;
+        let conn = match &self.vfs {
+            Some(vfs) => Connection::open_with_flags_and_vfs(&self.path, flags, vfs.as_str())?,
+            None => Connection::open_with_flags(&self.path, flags)?,
+        };
         conn.busy_timeout(self.busy_timeout)?;
         if !self.in_memory {
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;

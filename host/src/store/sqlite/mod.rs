@@ -43,8 +43,19 @@ macro_rules! dead_letter_columns {
 pub struct Pool(SqlitePool, direct::Conns);
 
 /// A SQLite transaction started with `BEGIN IMMEDIATE` (holds the write
-/// lock), on a connection used on the calling task (`direct`).
-pub struct Tx(direct::Conn);
+/// lock), on a connection used on the calling task (`direct`), with when
+/// its statements are interrupted: at the time budget or the message's
+/// deadline, whichever comes first.
+pub struct Tx(direct::Conn, Bounds);
+
+/// When a transaction's statements are interrupted.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bounds {
+    /// The transaction's (or batch message's) time budget runs out.
+    budget: Option<std::time::Instant>,
+    /// The current message's deadline ([`backend::Transaction::cap_statements`]).
+    deadline: Option<std::time::Instant>,
+}
 
 /// SQLite has one writer anyway: the prune lock holds nothing.
 pub struct PruneLock;
@@ -122,11 +133,26 @@ impl backend::Pool for Pool {
             .busy_timeout(lock_wait)
             .foreign_keys(true);
         let acquire_timeout = lock_wait + Duration::from_secs(10);
+        let parameter = |name: &str| {
+            url::Url::parse(url).ok().and_then(|u| {
+                u.query_pairs()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned())
+            })
+        };
+        // Both pools must open one database: an in-memory one is shared
+        // through its shared cache (`direct`), which `cache=private` denies.
+        if in_memory(url) && parameter("cache").as_deref() == Some("private") {
+            return Err(sqlx::Error::Configuration(
+                "cache=private is not supported for an in-memory database: remove it".into(),
+            ));
+        }
         let direct = direct::Conns::new(
             direct::OpenSpec {
                 path: options.get_filename().to_path_buf(),
                 in_memory: in_memory(url),
                 busy_timeout: lock_wait,
+                vfs: parameter("vfs"),
             },
             if in_memory(url) { 1 } else { max_connections },
             acquire_timeout,
@@ -179,7 +205,7 @@ impl backend::Pool for Pool {
 
     /// `BEGIN IMMEDIATE`: takes the write lock at once.
     async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        Ok(Tx(self.1.begin().await?))
+        Ok(Tx(self.1.begin().await?, Bounds::default()))
     }
 
     /// [`backend::Pool::begin`], then the progress handler that bounds every
@@ -191,7 +217,7 @@ impl backend::Pool for Pool {
         timeout: Duration,
         _lock_wait: Option<Duration>,
     ) -> Result<Tx, sqlx::Error> {
-        let mut tx = Tx(self.1.begin().await?);
+        let mut tx = Tx(self.1.begin().await?, Bounds::default());
         tx.bound_statements(timeout)?;
         Ok(tx)
     }
@@ -286,11 +312,33 @@ impl Tx {
     ///
     /// # Errors
     /// The handler cannot be set.
+    ///
+    /// A new budget drops the deadline of the message before (a batch's
+    /// next message sets its own).
     pub(super) fn bound_statements(&mut self, budget: Duration) -> Result<(), sqlx::Error> {
-        let until = std::time::Instant::now() + budget;
-        self.0
-            .get()
-            .progress_handler(1000, Some(move || std::time::Instant::now() >= until))
+        self.1 = Bounds {
+            budget: Some(std::time::Instant::now() + budget),
+            deadline: None,
+        };
+        self.interrupt_at()
+    }
+
+    /// Sets the progress handler to the earlier of the bounds (none: no
+    /// handler).
+    fn interrupt_at(&mut self) -> Result<(), sqlx::Error> {
+        let conn = self.0.get();
+        let until = match (self.1.budget, self.1.deadline) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(until) => until,
+                None => {
+                    return conn
+                        .progress_handler(0, None::<fn() -> bool>)
+                        .map_err(to_sqlx);
+                }
+            },
+        };
+        conn.progress_handler(1000, Some(move || std::time::Instant::now() >= until))
             .map_err(to_sqlx)
     }
 
@@ -305,26 +353,29 @@ impl Tx {
         let conn = self.0.get();
         let mut stmt = conn.prepare_cached(sql)?;
         bind_host(&mut stmt, params)?;
-        let names: Vec<String> = if first {
-            stmt.column_names()
-                .iter()
-                .map(|n| (*n).to_owned())
-                .collect()
-        } else {
-            Vec::new()
-        };
         let readonly = stmt.readonly();
         let mut rows = stmt.raw_query();
         let mut row = None;
         while let Some(r) = rows.next()? {
             if first && row.is_none() {
-                row = Some(values::Row::read(r, &names)?);
+                row = Some(values::Row::read(r, &column_names(r))?);
             }
         }
         drop(rows);
         let affected = if readonly { 0 } else { conn.changes() };
         Ok((affected, row))
     }
+}
+
+/// The columns of the statement `row` came from, as it ran: read after the
+/// first step, since SQLite prepares a cached statement again when the
+/// schema changed and its columns may have changed with it.
+fn column_names(row: &rusqlite::Row<'_>) -> Vec<String> {
+    row.as_ref()
+        .column_names()
+        .iter()
+        .map(|n| (*n).to_owned())
+        .collect()
 }
 
 impl backend::Transaction for Tx {
@@ -336,6 +387,14 @@ impl backend::Transaction for Tx {
         "DELETE FROM idem_dead_letters WHERE id = $1 RETURNING ",
         dead_letter_columns!()
     );
+
+    /// The progress handler stops at the earlier of the time budget and
+    /// `until`: a statement runs on the handler's task, where the
+    /// runtime's timer cannot stop it.
+    fn cap_statements(&mut self, until: std::time::Instant) -> Result<(), sqlx::Error> {
+        self.1.deadline = Some(until);
+        self.interrupt_at()
+    }
 
     /// `SQLITE_LIMIT_LENGTH` for the guest's statements.
     async fn bound_guest_values(&mut self, max_value_bytes: usize) -> Result<(), sqlx::Error> {
@@ -383,19 +442,15 @@ impl backend::Transaction for Tx {
         let conn = self.0.get();
         let mut stmt = conn.prepare_cached(sql.as_str()).map_err(map_error)?;
         bind(&mut stmt, params).map_err(map_error)?;
-        let names: Vec<String> = stmt
-            .column_names()
-            .iter()
-            .map(|n| (*n).to_owned())
-            .collect();
         let mut rows = stmt.raw_query();
         let mut out = Rows::default();
         let mut used = 0;
         while let Some(row) = rows.next().map_err(map_error)? {
             if out.rows.is_empty() {
-                out.columns.clone_from(&names);
+                out.columns = column_names(row);
             }
-            bounds.push(&mut out, decode_row(row, &names)?, &mut used)?;
+            let values = decode_row(row, &out.columns)?;
+            bounds.push(&mut out, values, &mut used)?;
         }
         Ok(out)
     }
