@@ -71,3 +71,52 @@ async fn the_connecting_user_is_known() {
     assert_eq!((user, superuser), (want_user, want_super));
     db.close().await;
 }
+
+#[tokio::test]
+async fn a_transaction_begins_on_a_live_connection_after_the_pooled_ones_were_terminated() {
+    let db = Database::connect(&pg_url(), 2).await.unwrap();
+    let Some(pool) = db.postgres_pool() else {
+        unreachable!()
+    };
+    let pid = "SELECT pg_backend_pid()";
+    let (mut a, mut b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    let pids: Vec<i32> = vec![
+        sqlx::query_scalar(pid).fetch_one(&mut *a).await.unwrap(),
+        sqlx::query_scalar(pid).fetch_one(&mut *b).await.unwrap(),
+    ];
+    drop((a, b));
+    while pool.num_idle() < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Both idle connections' backends end (as in a server restart); the
+    // pool does not ping a connection before handing it out.
+    let admin = Database::connect(&pg_url(), 1).await.unwrap();
+    let Some(admin_pool) = admin.postgres_pool() else {
+        unreachable!()
+    };
+    let ended: Vec<bool> =
+        sqlx::query_scalar("SELECT pg_terminate_backend(p) FROM unnest($1::int[]) AS p")
+            .bind(&pids)
+            .fetch_all(admin_pool)
+            .await
+            .unwrap();
+    assert_eq!(ended, vec![true, true]);
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind(&pids)
+                .fetch_one(admin_pool)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for _ in 0..3 {
+        let tx = db.begin().await.unwrap();
+        tx.rollback().await.unwrap();
+    }
+    admin.close().await;
+    db.close().await;
+}

@@ -49,6 +49,18 @@ pub(in crate::store) fn is_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03")))
 }
 
+/// Whether `e` says the connection was closed under the statement: an I/O
+/// error, or SQLSTATE class 57P (operator intervention: 57P01
+/// admin_shutdown, a terminated backend; 57P02 crash_shutdown; 57P03
+/// cannot_connect_now), so another connection may do.
+pub(super) fn is_lost_connection(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("57P")),
+        _ => false,
+    }
+}
+
 /// The class of a database error with SQLSTATE `code` (see
 /// [`ErrorClass`]): class `08` (connection exception), class `53`
 /// (insufficient resources: `53300` too_many_connections, disk full, out

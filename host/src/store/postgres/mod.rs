@@ -115,6 +115,34 @@ impl Tx {
     }
 }
 
+impl Pool {
+    /// `begin` (host-made SQL that starts with `BEGIN`) on a pooled
+    /// connection, again on another while the one taken turns out closed
+    /// since it was last used (the server restarted, or ended the backend:
+    /// an I/O error or SQLSTATE class 57P), as the pool no longer pings a
+    /// connection before handing it out; at most once per connection the
+    /// pool may hold, plus one on a new connection.
+    ///
+    /// # Errors
+    /// BEGIN failed otherwise, or on every try.
+    async fn begin_on_live(
+        &self,
+        begin: String,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        let mut tries = self.0.options().get_max_connections() + 1;
+        loop {
+            // Numbers printed by the host: no outside text.
+            match self.0.begin_with(AssertSqlSafe(begin.clone())).await {
+                Err(e) if tries > 1 && codes::is_lost_connection(&e) => {
+                    tracing::debug!(error = %e, "a pooled connection was closed; beginning on another");
+                    tries -= 1;
+                }
+                done => return done,
+            }
+        }
+    }
+}
+
 impl backend::Pool for Pool {
     type Tx = Tx;
     type PruneLock = PruneLock;
@@ -156,6 +184,11 @@ impl backend::Pool for Pool {
         PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
+            // No ping before each use (a round trip a transaction): the
+            // reset below has just checked the connection, and a transaction
+            // that finds one closed since begins again on another
+            // (`Pool::begin_on_live`).
+            .test_before_acquire(false)
             // A connection whose reset fails is closed, never reused.
             .after_release(|conn, _| {
                 Box::pin(
@@ -184,7 +217,7 @@ impl backend::Pool for Pool {
     }
 
     async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        Ok(Tx::begun(self.0.begin().await?))
+        Ok(Tx::begun(self.begin_on_live("BEGIN".into()).await?))
     }
 
     /// `BEGIN; SET LOCAL statement_timeout = <ms>` as one simple query: one
@@ -203,8 +236,7 @@ impl backend::Pool for Pool {
         if let Some(wait) = lock_wait {
             begin.push_str(&format!("; SET LOCAL lock_timeout = {}", ms(wait)));
         }
-        // Numbers printed by the host: no outside text.
-        Ok(Tx::begun(self.0.begin_with(AssertSqlSafe(begin)).await?))
+        Ok(Tx::begun(self.begin_on_live(begin).await?))
     }
 
     async fn close(&self) {
