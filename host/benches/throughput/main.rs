@@ -21,8 +21,12 @@
 //!   with a confirmed ack (`double_ack`, the ack idem sends after COMMIT),
 //!   that many at a time. No database, no wasm.
 //! - **D**, the database's ceiling: the transaction idem commits per message
-//!   (BEGIN, idem's receipt insert, the credit upsert, COMMIT) sent from
-//!   Rust with sqlx, that many at a time. No broker, no wasm.
+//!   (BEGIN, idem's receipt insert, the credit upsert, COMMIT), that many
+//!   at a time, sent from Rust: PostgreSQL through sqlx (one round trip a
+//!   statement), SQLite through its own library on threads of their own
+//!   (rusqlite, no driver thread between). No broker, no wasm. **D, batch
+//!   64**: the same statements for 64 messages a transaction; the batched
+//!   rows' ÷ D column is over it.
 //! - **native**: idem's pipeline (broker, receipt, COMMIT, confirmed ack)
 //!   with the credit logic compiled into the host behind the boundary a
 //!   guest's statements cross (`idem::runtime::native`).
@@ -43,7 +47,8 @@
 //!   many as the compared rows, on the concurrency 1 rows 8 times as many).
 //!   Below the table, this row's and the key lanes row's rate over the
 //!   Rust row's. `IDEM_BENCH_ONLY=lanes` runs B, D, native, Rust and these
-//!   two rows alone.
+//!   two rows alone; `IDEM_BENCH_ONLY=rust` runs B, D, native, Rust, the
+//!   batched rows and the duplicates rows.
 //! - **50 % duplicates** (Rust): the second half of the N messages repeats
 //!   the first half's event ids; below the table, what one skipped duplicate
 //!   costs next to one processed message (this row's time and the Rust
@@ -510,9 +515,10 @@ async fn bench() -> Result<()> {
                 Err(e) => Table::failed("native", label, &cs, &format!("{e:#}")),
             }
             let only_lanes = only == Some("lanes");
+            let only_rust = only == Some("rust");
             let mut rust_rate = None;
             for (lang, file) in COMPONENTS {
-                if only_lanes && file != "credit.wasm" {
+                if (only_lanes || only_rust) && file != "credit.wasm" {
                     continue;
                 }
                 let module = guests_dir().join(file);
@@ -531,7 +537,7 @@ async fn bench() -> Result<()> {
                 }
                 table.line(&format!("idem, {lang}"), label, &cs, &m);
             }
-            if let Some(unordered) = rust_rate {
+            if let Some(unordered) = rust_rate.filter(|_| !only_rust) {
                 // As many slots in all as the compared rows, at least one
                 // in each partition.
                 let each = (c / PARTITIONS as usize).max(1);
@@ -558,6 +564,13 @@ async fn bench() -> Result<()> {
                 continue;
             }
             if let Some(unbatched) = rust_rate {
+                // The same statements committed BATCH at a time without
+                // idem: the batched rows' D.
+                let mut d_spec = spec(What::Database, db, c);
+                d_spec.batch = BATCH;
+                let d_batched = in_child(&d_spec)?;
+                table.line(&format!("D, batch {BATCH}"), label, &cs, &d_batched);
+                let d_unbatched = table.d.replace(d_batched.rate);
                 let mut batched = |native| {
                     let mut s = spec(host(rust.clone(), native, false), db, c);
                     s.batch = BATCH;
@@ -590,6 +603,7 @@ async fn bench() -> Result<()> {
                     c,
                     duplicate_cost(n, m.rate, d.secs),
                 ));
+                table.d = d_unbatched;
             }
             if let Some(processed_rate) = rust_rate {
                 let m = in_child(&spec(host(rust.clone(), false, true), db, c))?;
@@ -616,7 +630,7 @@ async fn bench() -> Result<()> {
             "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
         );
     }
-    if only == Some("lanes") {
+    if matches!(only, Some("lanes" | "rust")) {
         return Ok(());
     }
     let behave = guests_dir().join("behave.wasm");
