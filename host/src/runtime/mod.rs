@@ -537,7 +537,7 @@ impl Runtime {
         let deadline = now
             .checked_add(limits.deadline)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
-        if let Err(e) = tx.cap_statements(deadline) {
+        if let Err(e) = tx.cap_statements(Some(deadline)) {
             let failure = format!("cannot prepare the connection for the guest: {e}");
             return (Err(HandlerFailure::Retry(failure)), tx);
         }
@@ -566,6 +566,12 @@ impl Runtime {
             tracing::debug!(handler = %call.handler, message_id = %call.message_id, %failure, "guest call failed");
         }
         let mut state = state;
+        // The host's statements after the call (outbox rows, an undo, the
+        // rollback) are bounded by the transaction's budget, not the
+        // guest's deadline; a connection that cannot be told fails them.
+        if let Err(e) = state.tx.cap_statements(None) {
+            tracing::debug!(handler = %call.handler, error = %e, "cannot lift the guest's deadline from the transaction");
+        }
         // What the guest published or called counts only if it succeeded.
         let result = result.map(|()| state.outbox.take());
         (result, state.tx)

@@ -146,12 +146,14 @@ impl Tx {
 
     /// Interrupts any statement still running at `until`, the message's
     /// deadline, on a database whose statements run on the calling thread
-    /// (SQLite: no timer can stop them there); until the next message of a
-    /// batch sets its budget ([`Tx::begin_message`]). Nothing on PostgreSQL.
+    /// (SQLite: no timer can stop them there); `None` lifts it (the guest's
+    /// call ended: the host's own statements after it keep the
+    /// transaction's budget only). A batch's next message sets its budget
+    /// again ([`Tx::begin_message`]). Nothing on PostgreSQL.
     ///
     /// # Errors
     /// The bound cannot be set.
-    pub fn cap_statements(&mut self, until: std::time::Instant) -> Result<(), StoreError> {
+    pub fn cap_statements(&mut self, until: Option<std::time::Instant>) -> Result<(), StoreError> {
         Ok(dispatch!(&mut self.0, t => t.cap_statements(until))?)
     }
 

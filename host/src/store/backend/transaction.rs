@@ -32,14 +32,14 @@ pub(in crate::store) trait Transaction: Send + Sized + 'static {
     async fn bound_guest_values(&mut self, max_value_bytes: usize) -> Result<(), sqlx::Error>;
 
     /// Interrupts any statement still running at `until` (a message's
-    /// deadline), where statements run on the calling thread and no timer
-    /// can stop them (SQLite); until the next time budget is set. Nothing
-    /// where the server bounds each statement and the caller's timeout
-    /// can fire (PostgreSQL).
+    /// deadline; `None`: no longer), where statements run on the calling
+    /// thread and no timer can stop them (SQLite); until the next time
+    /// budget is set. Nothing where the server bounds each statement and
+    /// the caller's timeout can fire (PostgreSQL).
     ///
     /// # Errors
     /// The bound cannot be set.
-    fn cap_statements(&mut self, _until: std::time::Instant) -> Result<(), sqlx::Error> {
+    fn cap_statements(&mut self, _until: Option<std::time::Instant>) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

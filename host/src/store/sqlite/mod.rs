@@ -391,8 +391,8 @@ impl backend::Transaction for Tx {
     /// The progress handler stops at the earlier of the time budget and
     /// `until`: a statement runs on the handler's task, where the
     /// runtime's timer cannot stop it.
-    fn cap_statements(&mut self, until: std::time::Instant) -> Result<(), sqlx::Error> {
-        self.1.deadline = Some(until);
+    fn cap_statements(&mut self, until: Option<std::time::Instant>) -> Result<(), sqlx::Error> {
+        self.1.deadline = until;
         self.interrupt_at()
     }
 
