@@ -79,16 +79,6 @@ pub const MAX_REASON_BYTES: usize = 4096;
 /// Instances that may run at once with [`Runtime::new`].
 pub const DEFAULT_CAPACITY: u32 = 128;
 
-/// Bytes of each freed linear memory the pooling allocator sets back with
-/// memset and keeps resident (the pages a guest wrote, up to this many),
-/// so that a slot's next instance takes no page fault on them: at most
-/// this much per memory (2 per call slot) stays resident while idle.
-pub const KEEP_RESIDENT: usize = 256 * 1024;
-
-/// [`KEEP_RESIDENT`] for each table (4 per call slot; a table of a
-/// thousand functions is 8 KiB).
-pub const TABLE_KEEP_RESIDENT: usize = 16 * 1024;
-
 /// What one message's guest call may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -299,17 +289,7 @@ impl Runtime {
             // Freed instances wait to be reset together (one TLB shootdown
             // per batch rather than per message), resident meanwhile: the
             // batch is sized so they stay within a budget.
-            .decommit_batch_size(decommit_batch)
-            // A freed instance's pages that the guest wrote, found with the
-            // PAGEMAP_SCAN ioctl (Linux 6.7+, else the lowest addresses), are
-            // set back to the image with memset, up to KEEP_RESIDENT bytes
-            // (TABLE_KEEP_RESIDENT for tables),
-            // instead of being unmapped: the next instance in the slot takes
-            // no page fault on them. A fault on a small VM cost more than the
-            // guest's whole `handle` (ARCHITECTURE.md, "Memory of guests").
-            .linear_memory_keep_resident(KEEP_RESIDENT)
-            .table_keep_resident(TABLE_KEEP_RESIDENT)
-            .pagemap_scan(wasmtime::Enabled::Auto);
+            .decommit_batch_size(decommit_batch);
         let mut config = Config::new();
         config
             .wasm_component_model(true)
@@ -461,9 +441,13 @@ impl Runtime {
         let db = crate::store::Database::connect("sqlite::memory:", 1)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let tx = db.begin().await.map_err(|e| e.to_string())?;
+        let mut tx = db.begin().await.map_err(|e| e.to_string())?;
         let limits = Limits::default();
         let deadline = Instant::now() + limits.deadline;
+        // A start function's statement runs on this task (SQLite): only the
+        // store's interrupt at the deadline stops it.
+        tx.cap_statements(Some(deadline))
+            .map_err(|e| e.to_string())?;
         let state = HostState::new(
             tx,
             Arc::from("instantiation check"),

@@ -35,6 +35,10 @@ use values::{bind, decode_row, raw_size};
 const RESET_SESSION: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
     UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
 
+/// How long a pooled connection may sit idle before it is pinged again
+/// when taken from the pool.
+const IDLE_PING: Duration = Duration::from_secs(1);
+
 /// `failed_at` as Unix milliseconds, with the other dead-letter columns
 /// (`backend::HostRow::dead_letter`).
 macro_rules! dead_letter_columns {
@@ -184,11 +188,22 @@ impl backend::Pool for Pool {
         PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
-            // No ping before each use (a round trip a transaction): the
-            // reset below has just checked the connection, and a transaction
-            // that finds one closed since begins again on another
-            // (`Pool::begin_on_live`).
+            // A ping before a use only after the connection idled for
+            // IDLE_PING (the reset below has just checked a busy one: a ping
+            // each time cost a round trip a transaction). The ping runs
+            // within the acquire timeout, so a connection whose peer vanished
+            // without a reset fails it instead of hanging a BEGIN for TCP's
+            // retransmission timeout; one closed since that is not idle yet
+            // is found by `Pool::begin_on_live`.
             .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             // A connection whose reset fails is closed, never reused.
             .after_release(|conn, _| {
                 Box::pin(
