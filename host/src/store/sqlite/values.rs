@@ -19,14 +19,17 @@ fn value_number(stmt: &Statement<'_>, index: usize) -> usize {
         .unwrap_or(index)
 }
 
-/// Binds `values` to `stmt`'s parameters by number ([`value_number`]).
-/// Booleans are stored as integers 0/1, as SQLite has no boolean storage
-/// class.
+/// Binds `values` to `stmt`'s parameters by number ([`value_number`]),
+/// each with `one`.
 ///
 /// # Errors
-/// A parameter's number has no value (`InvalidParameterCount`), or SQLite
-/// refuses a value (over the length limit: `SQLITE_TOOBIG`).
-pub(super) fn bind(stmt: &mut Statement<'_>, values: &[SqlValue]) -> rusqlite::Result<()> {
+/// A parameter's number has no value (`InvalidParameterCount`), or `one`
+/// fails.
+fn bind_each<T>(
+    stmt: &mut Statement<'_>,
+    values: &[T],
+    one: impl Fn(&mut Statement<'_>, usize, &T) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
     for index in 1..=stmt.parameter_count() {
         let Some(v) = value_number(stmt, index)
             .checked_sub(1)
@@ -34,16 +37,26 @@ pub(super) fn bind(stmt: &mut Statement<'_>, values: &[SqlValue]) -> rusqlite::R
         else {
             return Err(rusqlite::Error::InvalidParameterCount(index, values.len()));
         };
-        match v {
-            SqlValue::Null => stmt.raw_bind_parameter(index, rusqlite::types::Null)?,
-            SqlValue::Integer(i) => stmt.raw_bind_parameter(index, i)?,
-            SqlValue::Float(f) => stmt.raw_bind_parameter(index, f)?,
-            SqlValue::Text(s) => stmt.raw_bind_parameter(index, s.as_str())?,
-            SqlValue::Bytes(b) => stmt.raw_bind_parameter(index, b.as_slice())?,
-            SqlValue::Boolean(b) => stmt.raw_bind_parameter(index, i64::from(*b))?,
-        }
+        one(stmt, index, v)?;
     }
     Ok(())
+}
+
+/// Binds a guest's `values` to `stmt`'s parameters by number. Booleans are
+/// stored as integers 0/1, as SQLite has no boolean storage class.
+///
+/// # Errors
+/// A parameter's number has no value (`InvalidParameterCount`), or SQLite
+/// refuses a value (over the length limit: `SQLITE_TOOBIG`).
+pub(super) fn bind(stmt: &mut Statement<'_>, values: &[SqlValue]) -> rusqlite::Result<()> {
+    bind_each(stmt, values, |stmt, index, v| match v {
+        SqlValue::Null => stmt.raw_bind_parameter(index, rusqlite::types::Null),
+        SqlValue::Integer(i) => stmt.raw_bind_parameter(index, i),
+        SqlValue::Float(f) => stmt.raw_bind_parameter(index, f),
+        SqlValue::Text(s) => stmt.raw_bind_parameter(index, s.as_str()),
+        SqlValue::Bytes(b) => stmt.raw_bind_parameter(index, b.as_slice()),
+        SqlValue::Boolean(b) => stmt.raw_bind_parameter(index, i64::from(*b)),
+    })
 }
 
 /// Binds the host's `params` to `stmt`'s parameters by number.
@@ -51,21 +64,12 @@ pub(super) fn bind(stmt: &mut Statement<'_>, values: &[SqlValue]) -> rusqlite::R
 /// # Errors
 /// As [`bind`].
 pub(super) fn bind_host(stmt: &mut Statement<'_>, params: &[Param<'_>]) -> rusqlite::Result<()> {
-    for index in 1..=stmt.parameter_count() {
-        let Some(p) = value_number(stmt, index)
-            .checked_sub(1)
-            .and_then(|n| params.get(n))
-        else {
-            return Err(rusqlite::Error::InvalidParameterCount(index, params.len()));
-        };
-        match *p {
-            Param::Int(i) => stmt.raw_bind_parameter(index, i)?,
-            Param::Text(s) => stmt.raw_bind_parameter(index, s)?,
-            Param::OptText(s) => stmt.raw_bind_parameter(index, s)?,
-            Param::Bytes(b) => stmt.raw_bind_parameter(index, b)?,
-        }
-    }
-    Ok(())
+    bind_each(stmt, params, |stmt, index, p| match *p {
+        Param::Int(i) => stmt.raw_bind_parameter(index, i),
+        Param::Text(s) => stmt.raw_bind_parameter(index, s),
+        Param::OptText(s) => stmt.raw_bind_parameter(index, s),
+        Param::Bytes(b) => stmt.raw_bind_parameter(index, b),
+    })
 }
 
 /// The values of `row`'s `columns` first columns, each by its storage
