@@ -114,20 +114,69 @@ fn host_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_idem-test-host"))
 }
 
-/// Waits until `n` updates are applied (the host must stay up; 120 s at most).
-async fn until_applied(probe: &Probe, host: &mut HostProcess, n: i64) {
+/// The durable consumer's counts, for a failure's message.
+async fn consumer_state(js: &async_nats::jetstream::Context) -> String {
+    let consumer: Result<async_nats::jetstream::consumer::PullConsumer, _> =
+        match js.get_stream("ACCOUNTS").await {
+            Ok(stream) => stream.get_consumer(HANDLER).await,
+            Err(e) => return format!("no stream: {e}"),
+        };
+    match consumer {
+        Ok(mut c) => match c.info().await {
+            Ok(i) => format!(
+                "ack_pending {}, pending {}, redelivered {}, waiting {}, delivered {:?}, ack_floor {:?}",
+                i.num_ack_pending,
+                i.num_pending,
+                i.num_redelivered,
+                i.num_waiting,
+                i.delivered,
+                i.ack_floor
+            ),
+            Err(e) => format!("no info: {e}"),
+        },
+        Err(e) => format!("no consumer: {e}"),
+    }
+}
+
+/// Waits until `n` updates are applied (the host must stay up; 120 s at
+/// most); else panics with what is missing, the dead letters, the
+/// consumer's counts and the hosts' logs.
+async fn until_applied(
+    probe: &Probe,
+    db: &TestDb,
+    js: &async_nats::jetstream::Context,
+    host: &mut HostProcess,
+    n: i64,
+) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if probe.receipts(HANDLER).await.unwrap_or(0) >= n {
             return;
         }
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "not {n} applied; log:\n{}",
-            std::fs::read_to_string(&host.log).unwrap_or_default()
-        );
+        if host.exited().is_some() || Instant::now() >= deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let applied: std::collections::BTreeSet<String> =
+        db.receipt_ids(HANDLER).await.into_iter().collect();
+    let missing: Vec<String> = (0..KEYS)
+        .flat_map(|k| (1..=VERSIONS).map(move |v| format!("k{k}-v{v}")))
+        .filter(|id| !applied.contains(id))
+        .take(20)
+        .collect();
+    let dir = host.log.parent().unwrap().to_path_buf();
+    let mut logs = String::new();
+    for name in ["first", "second", "third"] {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        logs.push_str(&format!("--- {name}:\n{text}\n"));
+    }
+    panic!(
+        "not {n} applied ({} are; missing {missing:?}; dead letters {:?}; the consumer: {}); logs:\n{logs}",
+        applied.len(),
+        db.dead_letters(HANDLER).await,
+        consumer_state(js).await,
+    );
 }
 
 async fn order_holds_through_a_stop_and_a_kill(backend: Backend) {
@@ -155,7 +204,7 @@ async fn order_holds_through_a_stop_and_a_kill(backend: Backend) {
     }
     let js = nats.jetstream().await;
     publish_workload(&js).await;
-    until_applied(&probe, &mut first, 500).await;
+    until_applied(&probe, &db, &js, &mut first, 500).await;
     let ended = first.terminate(Duration::from_secs(30));
     assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
     let log = std::fs::read_to_string(dir.path().join("first.log")).unwrap();
@@ -164,13 +213,13 @@ async fn order_holds_through_a_stop_and_a_kill(backend: Backend) {
         "the stop found no message waiting in a lane; log:\n{log}"
     );
     let mut second = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "second");
-    until_applied(&probe, &mut second, 1200).await;
+    until_applied(&probe, &db, &js, &mut second, 1200).await;
     second.sigkill();
     let mut third = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "third");
-    until_applied(&probe, &mut third, KEYS * VERSIONS).await;
+    until_applied(&probe, &db, &js, &mut third, KEYS * VERSIONS).await;
     let third_log = std::fs::read_to_string(&third.log).unwrap();
     assert!(
-        third_log.contains("deliveries of the consumer are out and not acked; waiting"),
+        third_log.contains("deliveries of the consumer are out and not acked"),
         "the host after the kill did not wait for what the killed one held; log:\n{third_log}"
     );
     assert_eq!(
@@ -188,6 +237,74 @@ async fn order_holds_through_a_stop_and_a_kill(backend: Backend) {
 on_both_databases!(
     order_holds_through_a_stop_and_a_kill,
     order_holds_through_a_stop_and_a_kill
+);
+
+/// A key's first version is retried with a 10 s nak delay and its second
+/// waits behind it when the host stops: the stop gives the second back
+/// with a delay past the first's. A third version published after the
+/// stop reaches the next host at once, long before the two come back;
+/// that host holds it until every delivery that was out at its start is
+/// back (a fixed wait of `ack_wait` would have let it run first, and the
+/// guest would have refused it as out of order).
+async fn a_later_message_waits_for_those_given_back_with_a_delay(backend: Backend) {
+    let nats = Nats::start();
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &nats, &db, "ack_wait = \"2s\"\n");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("retry_delay = \"200ms\""), "{text}");
+    std::fs::write(
+        &cfg,
+        text.replace("retry_delay = \"200ms\"", "retry_delay = \"10s\""),
+    )
+    .unwrap();
+    let js = nats.jetstream().await;
+    let version = |v: i64, retry: bool| {
+        serde_json::json!({"op": "version", "event_id": format!("k1-v{v}"), "key": 1, "version": v, "retry_first": retry})
+            .to_string()
+    };
+    // Both in the stream before the host's first pull, so it takes both.
+    create_stream(&nats, "ACCOUNTS", &["accounts.credit"]).await;
+    publish(&js, "accounts.credit", &version(1, true), &[]).await;
+    publish(&js, "accounts.credit", &version(2, false), &[]).await;
+    let mut first = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "first");
+    let until = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&first.log)
+        .unwrap_or_default()
+        .contains("rolled back; will retry")
+    {
+        assert!(
+            first.exited().is_none() && Instant::now() < until,
+            "the first version was not retried; log:\n{}",
+            std::fs::read_to_string(&first.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ended = first.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    let log = std::fs::read_to_string(dir.path().join("first.log")).unwrap();
+    assert!(
+        log.contains("1 messages not run given back in stream order (1 after the message their key waits for)"),
+        "the second version was not given back behind the first; log:\n{log}"
+    );
+    publish(&js, "accounts.credit", &version(3, false), &[]).await;
+    let mut second = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "second");
+    let probe = Probe::new(&db);
+    until_applied(&probe, &db, &js, &mut second, 3).await;
+    assert_eq!(db.dead_letters(HANDLER).await, vec![]);
+    assert_eq!(db.balance(1).await, Some(3));
+    assert_eq!(db.receipts(HANDLER).await, 3);
+    let log = std::fs::read_to_string(&second.log).unwrap();
+    assert!(
+        log.contains("2 deliveries of the consumer are out and not acked"),
+        "the second host did not wait for the two given back; log:\n{log}"
+    );
+    let ended = second.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+}
+on_both_databases!(
+    a_later_message_waits_for_those_given_back_with_a_delay,
+    a_later_message_waits_for_those_given_back_with_a_delay
 );
 
 /// With one slot, a message its lane lets go once the message before it

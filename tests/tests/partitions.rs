@@ -392,3 +392,76 @@ async fn a_database_outage_longer_than_the_priority_timeout_keeps_the_pins() {
         assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
     }
 }
+
+/// The take-over of a partition holds a later message until those given
+/// back with a delay are back: key 1's first version is retried with a
+/// 10 s nak delay on the pinned host and its second waits behind it when
+/// that host stops (given back with a delay past the first's); a third
+/// published after the stop reaches the host that takes the partition at
+/// once, long before the two come back. A fixed wait of `ack_wait` would
+/// have let it run first, and the guest would have refused it.
+#[tokio::test]
+async fn a_partition_taken_over_waits_for_those_given_back_with_a_delay() {
+    let nats = Nats::start();
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = HandlerSpec::new(HANDLER, "behave");
+    spec.subjects = vec!["accounts.*".into()];
+    spec.extra
+        .push_str("order_key = \"subject:2\"\npartitions = 2\nack_wait = \"2s\"\n");
+    let cfg = write_config(dir.path(), &nats, &db, &[spec]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("retry_delay = \"200ms\""), "{text}");
+    std::fs::write(
+        &cfg,
+        text.replace("retry_delay = \"200ms\"", "retry_delay = \"10s\""),
+    )
+    .unwrap();
+    let mut first = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "first");
+    until_consuming(&mut first).await;
+    let mut second = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "second");
+    until_consuming(&mut second).await;
+    let js = nats.jetstream().await;
+    let version = |v: i64, retry: bool| {
+        serde_json::json!({"op": "version", "event_id": format!("k1-v{v}"), "key": 1, "version": v, "retry_first": retry, "subject": "accounts.1"})
+            .to_string()
+    };
+    publish(&js, "accounts.1", &version(1, true), &[]).await;
+    publish(&js, "accounts.1", &version(2, false), &[]).await;
+    let until = Instant::now() + Duration::from_secs(60);
+    while !log_of(&first).contains("rolled back; will retry") {
+        assert!(
+            first.exited().is_none() && Instant::now() < until,
+            "the first host did not retry the first version; logs:\n{}\n---\n{}",
+            log_of(&first),
+            log_of(&second)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_log = first.log.clone();
+    let ended = first.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    let log = std::fs::read_to_string(&first_log).unwrap();
+    assert!(
+        log.contains("1 messages not run given back in stream order (1 after the message their key waits for)"),
+        "the second version was not given back behind the first; log:\n{log}"
+    );
+    publish(&js, "accounts.1", &version(3, false), &[]).await;
+    let probe = Probe::new(&db);
+    until_applied(&probe, &[&second], 3).await;
+    assert_eq!(
+        db.dead_letters(HANDLER).await,
+        vec![],
+        "{}",
+        log_of(&second)
+    );
+    assert_eq!(db.balance(1).await, Some(3));
+    assert_eq!(db.receipts(HANDLER).await, 3);
+    assert!(
+        log_of(&second).contains("2 deliveries of the consumer are out and not acked"),
+        "the host taking the partition did not wait for the two given back; log:\n{}",
+        log_of(&second)
+    );
+    let ended = second.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+}

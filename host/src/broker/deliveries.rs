@@ -113,14 +113,17 @@ impl Deliveries {
         self.stream.as_ref().map_or(0, PullStream::buffered)
     }
 
-    /// Deliveries of this consumer out and not yet acked (`num_ack_pending`),
-    /// to this host or any other, as the broker reports them now.
+    /// What of this consumer is out now, to this host or any other, as the
+    /// broker reports it (JetStream consumer info): see [`Out`].
     ///
     /// # Errors
     /// The consumer info could not be read (the broker did not answer).
-    pub async fn ack_pending(&mut self) -> anyhow::Result<u64> {
+    pub async fn out(&mut self) -> anyhow::Result<Out> {
         let info = self.consumer.info().await?;
-        Ok(info.num_ack_pending as u64)
+        Ok(Out {
+            pending: info.num_ack_pending,
+            last_delivered: info.delivered.stream_sequence,
+        })
     }
 
     /// Drops the open pull request, so the server sends this host nothing
@@ -408,6 +411,21 @@ impl Deliveries {
             }
         }
     }
+}
+
+/// The deliveries of a consumer out at one moment (JetStream consumer info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Out {
+    /// Deliveries not yet acked (`num_ack_pending`): sent to a client and
+    /// neither acked nor termed, including those naked and waiting for
+    /// their redelivery (nats-server keeps a naked message in the
+    /// consumer's pending set until it is acked; `consumer.go`,
+    /// `processNak`).
+    pub pending: usize,
+    /// The highest stream sequence delivered so far (`delivered.stream_seq`):
+    /// every delivery out has a stream sequence at or below it, and a
+    /// message first delivered later one above it.
+    pub last_delivered: u64,
 }
 
 /// The next of `waits` (endless; 5 s should it ever end).

@@ -34,7 +34,7 @@ pub mod partition;
 mod pull_stream;
 pub mod unanswered;
 pub use connect::connect;
-pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries};
+pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries, Out};
 pub use pull_stream::{PullError, PullSettings, PullStream, SharedPin};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle

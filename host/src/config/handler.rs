@@ -411,6 +411,15 @@ impl HandlerConfig {
         }
     }
 
+    /// The longest of the nak delays [`HandlerConfig::nak_delay`] gives.
+    pub fn longest_nak_delay(&self) -> Duration {
+        self.backoff
+            .iter()
+            .map(|d| d.0)
+            .max()
+            .unwrap_or_else(|| self.retry_delay.unwrap_or(Duration::from_secs(1)))
+    }
+
     /// The pull size, messages actually requested per pull: `pull_batch`,
     /// capped so that no message waits in the client past `ack_wait` before
     /// it starts (its in-progress keep-alive only runs once it does). The

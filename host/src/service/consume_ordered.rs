@@ -8,14 +8,15 @@
 //! ([`stop_in_order`]) nothing is given back until the deliveries in
 //! flight ended; then everything is given back in stream order, what lies
 //! past a message its lane waits for with a delay, so the next host gets
-//! each key's messages in order. A host that starts while deliveries are
-//! out (a host before it died holding them) first lets them come back
-//! ([`start_fence`]).
+//! each key's messages in order. A loop that starts, or is given a
+//! partition, while deliveries of its consumer are out (a host before it
+//! died holding them, or gave them back with a delay) holds everything
+//! later until they are back ([`fence`]).
 
 use super::consume::{Lost, Stopping};
 use super::key_lanes::{Ended, KeyLanes};
 use super::shutdown::{self, InFlight};
-use crate::broker::{self, Deliveries, Settlement};
+use crate::broker::{self, Deliveries, Out, Settlement};
 use crate::config::OrderKey;
 use crate::pipeline::db_gate::DbGate;
 use crate::pipeline::{Outcome, Pipeline, Unsettled};
@@ -31,10 +32,6 @@ use tokio_util::sync::CancellationToken;
 /// gave back before the key's later messages run without it (it went to
 /// another host, or its consumer was made again).
 const COME_BACK_MARGIN: Duration = Duration::from_secs(5);
-
-/// How long the first pull after a [`start_fence`] may take to bring back
-/// the deliveries that were out, before the lanes take them in order.
-const GATHER_LINGER: Duration = Duration::from_secs(2);
 
 /// How a finished run is reported to the loop: key, stream sequence, end.
 type Done = (String, u64, Ended);
@@ -102,21 +99,26 @@ pub(super) async fn consume_ordered(
         done: done_tx,
     };
     let mut started = Some(stopping.ready);
-    let Some(out) = start_fence(&pipeline, &mut deliveries, &stop).await else {
-        shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
-        return;
-    };
+    // What was out when this loop began: read before the first pull, so a
+    // message first delivered to this loop lies past it.
+    let out_at_start = deliveries.out().await;
     consuming.store(true, Relaxed);
     if deliveries.open().await.is_ok()
         && let Some(started) = started.take()
     {
         let _ = started.send(());
     }
-    if out > 0 {
-        // What came back first is admitted in stream order, however the
-        // broker's redeliveries were ordered among themselves.
-        let first = gather(&mut deliveries, &stop, Vec::new(), out, GATHER_LINGER).await;
-        admit_sorted(&rule, &mut lanes, &mut ready, first);
+    match out_at_start {
+        Ok(out) if out.pending == 0 => {}
+        // Not known: fenced as if the most were out, up to the bound.
+        out => {
+            let out = out.unwrap_or(Out {
+                pending: usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX),
+                last_delivered: u64::MAX,
+            });
+            let first = fence(&pipeline, &mut deliveries, &stop, Vec::new(), out, 0).await;
+            admit_sorted(&rule, &mut lanes, &mut ready, first);
+        }
     }
     // The pin JetStream serves this partition's consumer to this host
     // under (partitions only).
@@ -189,8 +191,15 @@ pub(super) async fn consume_ordered(
                     // past its ack_wait), perhaps in several sets: gathered
                     // and admitted in stream order, as at a start.
                     pin = Some(now.to_string());
-                    let held = lanes.held_count() + ready.len() + in_flight.len();
-                    let first = take_over(&pipeline, &mut deliveries, &stop, msg, held).await;
+                    let own = lanes.held_count() + ready.len() + in_flight.len();
+                    let first = match deliveries.out().await {
+                        Ok(out) => fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await,
+                        Err(e) => {
+                            tracing::warn!(handler = %pipeline.name(), error = %e, "key lanes: cannot read what of the partition is out; holding later messages for the longest a delivery can take to come back");
+                            let out = Out { pending: usize::MAX, last_delivered: u64::MAX };
+                            fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await
+                        }
+                    };
                     admit_sorted(&rule, &mut lanes, &mut ready, first);
                     continue;
                 }
@@ -221,8 +230,8 @@ pub(super) async fn consume_ordered(
     .await;
 }
 
-/// Most messages gathered when a partition is given to this host: the
-/// consumers' `max_ack_pending`, all a host before could have held.
+/// Most messages gathered by a [`fence`]: the consumers' `max_ack_pending`,
+/// all that can be out.
 const TAKEOVER_GATHER: usize = 1000;
 
 /// `first` and what else arrives within `linger`, up to `max` in all (or
@@ -242,53 +251,74 @@ async fn gather(
     first
 }
 
-/// What a loop admits when JetStream has just pinned it for its partition
-/// (`msg` carried the new pin): `msg` alone when every delivery out
-/// (`num_ack_pending`) is this loop's; else `msg` and what arrives within
-/// [`GATHER_LINGER`]; and when the consumer still has more deliveries out
-/// than that and the `held` this loop keeps (the host before had them in
-/// flight to it as it stopped, or held them when it died), what arrives
-/// until `ack_wait` plus 1 s has passed, by when they are back: the
-/// partition's earlier messages are admitted with its later ones, in
-/// stream order. What is gathered is kept in progress meanwhile.
-async fn take_over(
+/// The deliveries that were `out` when this loop began to serve the
+/// consumer (at its start, or when JetStream pinned it for a partition),
+/// gathered before anything later is admitted: `first` and what arrives,
+/// until as many distinct messages at or below `out.last_delivered` are
+/// here as were out, less the `own` this loop already holds, or until
+/// [`fence_bound`] has passed (or `stop`). Messages first delivered after
+/// `out` was read lie past `out.last_delivered`; they are gathered too and
+/// wait, kept in progress. Counting, not a fixed wait: a message given
+/// back with a nak delay (behind a retried one of its key) or held by a
+/// host that died comes back when it comes back, and a later message of
+/// its key must not run before it.
+async fn fence(
     pipeline: &Pipeline,
     deliveries: &mut Deliveries,
     stop: &CancellationToken,
-    msg: Message,
-    held: usize,
+    mut first: Vec<Message>,
+    out: Out,
+    own: usize,
 ) -> Vec<Message> {
-    let out_now = deliveries.ack_pending().await;
-    // Every delivery out is this loop's (this message, those buffered,
-    // those in its lanes): nothing of a host before is to come back, and
-    // the partition starts at once.
-    if let Ok(n) = out_now
-        && usize::try_from(n).unwrap_or(usize::MAX) <= 1 + deliveries.buffered() + held
-    {
-        return vec![msg];
-    }
-    let mut first = gather(deliveries, stop, vec![msg], TAKEOVER_GATHER, GATHER_LINGER).await;
-    let out = match deliveries.ack_pending().await {
-        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        // Not known: wait as if some were out.
-        Err(_) => usize::MAX,
-    };
-    if out <= first.len() + held {
+    let need = out.pending.saturating_sub(own);
+    // What is already buffered counts at once.
+    first = gather(deliveries, stop, first, TAKEOVER_GATHER, Duration::ZERO).await;
+    let mut back = returned(&first, out.last_delivered);
+    if back >= need {
         return first;
     }
-    let wait = pipeline.config().ack_wait + Duration::from_secs(1);
-    tracing::info!(handler = %pipeline.name(), gathered = first.len(), out, "key lanes: this host now serves a partition whose deliveries are still out (the host before had them); waiting {} for them to come back first", humantime::format_duration(wait));
-    let until = Instant::now() + wait;
+    let bound = fence_bound(pipeline.config());
+    let missing = need - back;
+    tracing::info!(handler = %pipeline.name(), missing, "key lanes: {missing} deliveries of the consumer are out and not acked (a host before had them); later messages wait until they are back, {} at most", humantime::format_duration(bound));
+    let until = Instant::now() + bound;
     let step = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
     while !stop.is_cancelled() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            tracing::warn!(handler = %pipeline.name(), missing = need - back, "key lanes: {} deliveries out did not come back within {}; later messages of their keys may run before them (`refuse_out_of_order` refuses such a run)", need - back, humantime::format_duration(bound));
             break;
         }
-        first = gather(deliveries, stop, first, TAKEOVER_GATHER, left.min(step)).await;
+        if first.len() >= TAKEOVER_GATHER {
+            tokio::time::sleep(left.min(step)).await;
+        } else {
+            first = gather(deliveries, stop, first, TAKEOVER_GATHER, left.min(step)).await;
+        }
         keep_in_progress(&first).await;
+        back = returned(&first, out.last_delivered);
+        if back >= need {
+            break;
+        }
     }
     first
+}
+
+/// How many distinct stream sequences at or below `last` are in `msgs`.
+fn returned(msgs: &[Message], last: u64) -> usize {
+    let seqs: std::collections::HashSet<u64> = msgs
+        .iter()
+        .filter_map(|m| m.info().ok().map(|i| i.stream_sequence))
+        .filter(|&s| s <= last)
+        .collect();
+    seqs.len()
+}
+
+/// The longest a delivery out can take to come back: given back at a
+/// stop with a nak delay until its lane's block ends (the longest nak
+/// delay, `ack_wait` and [`COME_BACK_MARGIN`] after the retry), or held
+/// by a host that died (`ack_wait` after its last in-progress), plus one
+/// more `ack_wait` for the broker's redelivery timer and the pull.
+fn fence_bound(config: &crate::config::HandlerConfig) -> Duration {
+    config.longest_nak_delay() + config.ack_wait * 2 + COME_BACK_MARGIN
 }
 
 /// Admits `batch` to the lanes in stream order; what may run now goes to
@@ -422,36 +452,6 @@ async fn stop_in_order(
     }
     if !back.is_empty() {
         tracing::info!(%handler, given_back = back.len(), delayed, "stopped: {} messages not run given back in stream order ({delayed} after the message their key waits for)", back.len());
-    }
-}
-
-/// Before the first pull: when deliveries of the consumer are out and not
-/// acked (a host that died held them, or another host runs them), waits
-/// `ack_wait` and a second, so that those a dead host held are back in the
-/// broker's redelivery queue, which it serves before any new message,
-/// sorted by sequence (nats-server `consumer.go`, `checkPending`). Without
-/// it, messages published after them would reach this host first and run
-/// before them. Returns how many to gather from the first pull (0: none
-/// were out, nothing waited), or `None` when the host stopped meanwhile.
-async fn start_fence(
-    pipeline: &Pipeline,
-    deliveries: &mut Deliveries,
-    stop: &CancellationToken,
-) -> Option<usize> {
-    // No more can be out than the consumer's `max_ack_pending`.
-    let most = usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX);
-    let out = match deliveries.ack_pending().await {
-        Ok(0) => return Some(0),
-        Ok(n) => usize::try_from(n).unwrap_or(usize::MAX).min(most),
-        // Not known: wait as if the most were out.
-        Err(_) => most,
-    };
-    let wait = pipeline.config().ack_wait + Duration::from_secs(1);
-    tracing::info!(handler = %pipeline.name(), out, "key lanes: {out} deliveries of the consumer are out and not acked; waiting {} for them to come back first, so they run before later messages of their keys", humantime::format_duration(wait));
-    tokio::select! {
-        biased;
-        () = stop.cancelled() => None,
-        () = tokio::time::sleep(wait) => Some(out),
     }
 }
 
