@@ -110,13 +110,24 @@ pub(super) async fn consume_ordered(
     }
     match out_at_start {
         Ok(out) if out.pending == 0 => {}
+        // A partition's loop fences when JetStream pins it (below): until
+        // then it stands by, and what is out is the pinned host's.
+        _ if rule.partitioned => {}
         // Not known: fenced as if the most were out, up to the bound.
         out => {
             let out = out.unwrap_or(Out {
                 pending: usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX),
                 last_delivered: u64::MAX,
             });
-            let first = fence(&pipeline, &mut deliveries, &stop, Vec::new(), out, 0).await;
+            let first = fence(
+                &pipeline,
+                &mut deliveries,
+                &stop,
+                Vec::new(),
+                out,
+                (0, Vec::new()),
+            )
+            .await;
             admit_sorted(&rule, &mut lanes, &mut ready, first);
         }
     }
@@ -191,15 +202,19 @@ pub(super) async fn consume_ordered(
                     // past its ack_wait), perhaps in several sets: gathered
                     // and admitted in stream order, as at a start.
                     pin = Some(now.to_string());
-                    let own = lanes.held_count() + ready.len() + in_flight.len();
-                    let first = match deliveries.out().await {
-                        Ok(out) => fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await,
+                    in_flight.reap(pipeline.name());
+                    // What this loop holds is out too, and is its own:
+                    // counted off, and kept in progress during the fence.
+                    let held: Vec<Message> = lanes.held().chain(ready.iter().map(|(m, _)| m)).cloned().collect();
+                    let own = (held.len() + in_flight.len(), held);
+                    let out = match deliveries.out().await {
+                        Ok(out) => out,
                         Err(e) => {
                             tracing::warn!(handler = %pipeline.name(), error = %e, "key lanes: cannot read what of the partition is out; holding later messages for the longest a delivery can take to come back");
-                            let out = Out { pending: usize::MAX, last_delivered: u64::MAX };
-                            fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await
+                            Out { pending: usize::MAX, last_delivered: u64::MAX }
                         }
                     };
+                    let first = fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await;
                     admit_sorted(&rule, &mut lanes, &mut ready, first);
                     continue;
                 }
@@ -255,21 +270,24 @@ async fn gather(
 /// consumer (at its start, or when JetStream pinned it for a partition),
 /// gathered before anything later is admitted: `first` and what arrives,
 /// until as many distinct messages at or below `out.last_delivered` are
-/// here as were out, less the `own` this loop already holds, or until
+/// here as were out, less the count in `own` (what the loop already
+/// holds; its messages are kept in progress meanwhile), or until
 /// [`fence_bound`] has passed (or `stop`). Messages first delivered after
 /// `out` was read lie past `out.last_delivered`; they are gathered too and
 /// wait, kept in progress. Counting, not a fixed wait: a message given
 /// back with a nak delay (behind a retried one of its key) or held by a
 /// host that died comes back when it comes back, and a later message of
-/// its key must not run before it.
+/// its key must not run before it. Pulls through [`Deliveries::next`], so
+/// a pull that failed is opened again.
 async fn fence(
     pipeline: &Pipeline,
     deliveries: &mut Deliveries,
     stop: &CancellationToken,
     mut first: Vec<Message>,
     out: Out,
-    own: usize,
+    own: (usize, Vec<Message>),
 ) -> Vec<Message> {
+    let (own, held) = own;
     let need = out.pending.saturating_sub(own);
     // What is already buffered counts at once.
     first = gather(deliveries, stop, first, TAKEOVER_GATHER, Duration::ZERO).await;
@@ -279,24 +297,47 @@ async fn fence(
     }
     let bound = fence_bound(pipeline.config());
     let missing = need - back;
-    tracing::info!(handler = %pipeline.name(), missing, "key lanes: {missing} deliveries of the consumer are out and not acked (a host before had them); later messages wait until they are back, {} at most", humantime::format_duration(bound));
+    tracing::info!(handler = %pipeline.name(), missing, "key lanes: {missing} deliveries of the consumer are out and not acked (another host has them, or had them); later messages wait until they are back, {} at most", humantime::format_duration(bound));
     let until = Instant::now() + bound;
-    let step = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
-    while !stop.is_cancelled() {
+    let every = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
+    let mut kept = Instant::now();
+    loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            tracing::warn!(handler = %pipeline.name(), missing = need - back, "key lanes: {} deliveries out did not come back within {}; later messages of their keys may run before them (`refuse_out_of_order` refuses such a run)", need - back, humantime::format_duration(bound));
+            tracing::warn!(handler = %pipeline.name(), missing = need - back, "key lanes: {} deliveries out did not come back within {}; a later message of their keys may run before them (with `refuse_out_of_order` the earlier one is dead-lettered when it comes)", need - back, humantime::format_duration(bound));
             break;
         }
-        if first.len() >= TAKEOVER_GATHER {
-            tokio::time::sleep(left.min(step)).await;
-        } else {
-            first = gather(deliveries, stop, first, TAKEOVER_GATHER, left.min(step)).await;
+        let wait = left.min(every.saturating_sub(kept.elapsed()));
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            next = tokio::time::timeout(wait, deliveries.next()), if first.len() < TAKEOVER_GATHER => {
+                match next {
+                    Ok(Ok(msg)) => {
+                        first.push(msg);
+                        first = gather(deliveries, stop, first, TAKEOVER_GATHER, Duration::ZERO).await;
+                    }
+                    // Gone: the loop's next pull says so.
+                    Ok(Err(_)) => break,
+                    Err(_) => {}
+                }
+            }
+            () = tokio::time::sleep(wait), if first.len() >= TAKEOVER_GATHER => {}
         }
-        keep_in_progress(&first).await;
         back = returned(&first, out.last_delivered);
         if back >= need {
             break;
+        }
+        if kept.elapsed() >= every {
+            kept = Instant::now();
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                () = async {
+                    keep_in_progress(&first).await;
+                    keep_in_progress(&held).await;
+                } => {}
+            }
         }
     }
     first
@@ -440,11 +481,16 @@ async fn stop_in_order(
     back.extend(lanes.take_held(Instant::now()));
     back.sort_by_key(|(m, _)| m.info().map_or(u64::MAX, |i| i.stream_sequence));
     let delayed = back.iter().filter(|(_, d)| !d.is_zero()).count();
+    // The next host's fence waits for every delivery out up to its
+    // bound; a longer delay (a block deadline moved on by a database
+    // outage) would come back after it. Within the cap the order holds:
+    // the fence sorts what comes back.
+    let cap = fence_bound(pipeline.config()).saturating_sub(pipeline.config().ack_wait);
     for (msg, delay) in &back {
         let settlement = if delay.is_zero() {
             Settlement::Release
         } else {
-            Settlement::Nak(*delay)
+            Settlement::Nak((*delay).min(cap))
         };
         if let Err(e) = broker::settle(msg, settlement).await {
             tracing::warn!(%handler, error = %e, "cannot give a message back; it is redelivered after ack_wait");

@@ -214,6 +214,7 @@ impl<M> KeyLanes<M> {
     }
 
     /// How many messages wait.
+    #[cfg(test)]
     pub fn held_count(&self) -> usize {
         self.lanes.values().map(|l| l.held.len()).sum()
     }
