@@ -102,12 +102,6 @@ pub(super) async fn consume_ordered(
     // What was out when this loop began: read before the first pull, so a
     // message first delivered to this loop lies past it.
     let out_at_start = deliveries.out().await;
-    consuming.store(true, Relaxed);
-    if deliveries.open().await.is_ok()
-        && let Some(started) = started.take()
-    {
-        let _ = started.send(());
-    }
     match out_at_start {
         Ok(out) if out.pending == 0 => {}
         // A partition's loop fences when JetStream pins it (below): until
@@ -130,6 +124,14 @@ pub(super) async fn consume_ordered(
             .await;
             admit_sorted(&rule, &mut lanes, &mut ready, first);
         }
+    }
+    // Ready (`/readyz`, "every handler is consuming") once past the fence.
+    consuming.store(true, Relaxed);
+    if !stop.is_cancelled()
+        && deliveries.open().await.is_ok()
+        && let Some(started) = started.take()
+    {
+        let _ = started.send(());
     }
     // The pin JetStream serves this partition's consumer to this host
     // under (partitions only).
