@@ -1,11 +1,12 @@
 //! Command line: `idem run --config idem.toml` (`run.rs`), `idem publish`,
-//! `idem config check` ([`config`]), the operator commands `idem dlq …`
+//! `idem config check` ([`config`]), `idem check` ([`check`]), the operator commands `idem dlq …`
 //! ([`dlq`]), `idem outbox …` ([`outbox`]), `idem receipts …` ([`receipts`]) and `idem replay`
 //! ([`replay`]) on [`crate::admin`], and `idem deploy`, `status`, `keygen`
 //! ([`deploy`]). Each command's arguments are in its file; the flags they
 //! share ([`ConfigArg`]) are defined here, once. Nothing outside this folder
 //! imports it but the binary.
 
+pub mod check;
 pub mod config;
 pub mod deploy;
 pub mod dlq;
@@ -84,6 +85,10 @@ pub enum Command {
     Deploy(deploy::DeployArgs),
     /// What every live host runs: one line per host and handler.
     Status(deploy::StatusArgs),
+    /// Describe a handler component (world, WIT version, imports, size,
+    /// digest, compile time) and, with --config and --handler, check that
+    /// the handler's settings allow it (contacts nothing).
+    Check(check::CheckArgs),
     /// Make a deploy key (or, with --host, a host key): writes its seed to
     /// a new file (mode 0600) and prints its public key, for `[deploy]
     /// trusted_keys` (or `trusted_hosts`).
@@ -124,6 +129,7 @@ pub async fn main() -> i32 {
         Command::Deploy(args) => deploy::run(args).await,
         Command::Status(args) => deploy::status(args).await,
         Command::Keygen(args) => deploy::keygen(&args),
+        Command::Check(args) => return check::run(&args),
     };
     match result {
         Ok(()) => 0,

@@ -29,6 +29,8 @@ pub struct HandlerComponent {
     wasi: bool,
     /// The WIT package version it was built for.
     wit: &'static str,
+    /// Its import names, as the component declares them.
+    imports: Vec<String>,
 }
 
 /// What runs a message: a compiled component, or (cargo feature
@@ -57,6 +59,7 @@ impl HandlerComponent {
             path: PathBuf::from(format!("native:{name}")),
             wasi: false,
             wit: super::WIT_PACKAGE,
+            imports: Vec::new(),
         })
     }
 
@@ -80,6 +83,12 @@ impl HandlerComponent {
     /// when it imports an interface of 0.1.0, else [`super::WIT_PACKAGE`].
     pub fn wit(&self) -> &'static str {
         self.wit
+    }
+
+    /// The component's import names (`idem:handler/transaction@0.2.0`,
+    /// `wasi:io/streams@0.2.6`, …), in the order it declares them.
+    pub fn imports(&self) -> &[String] {
+        &self.imports
     }
 
     /// Hex SHA-256 of the component file's bytes: recorded with every receipt.
@@ -352,12 +361,18 @@ fn link(
         path: p(),
         detail: one_line(&e),
     })?;
+    let imports = component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
     Ok(HandlerComponent {
         code: Code::Wasm(pre),
         digest,
         path: p(),
         wasi,
         wit,
+        imports,
     })
 }
 
