@@ -14,6 +14,9 @@
 //! - [`Handler`] and [`export_handler!`]: the entry point;
 //! - [`tx::execute`] and [`tx::query`] with [`params!`]: SQL on the host's
 //!   transaction, with `$1..$n` placeholders on every database;
+//! - [`Message::json`]: the payload decoded into a serde type in one call,
+//!   a payload of another shape a [`HandlerError::Reject`] (feature `json`,
+//!   on by default);
 //! - [`Value`]: the typed SQL values, with `From` conversions;
 //! - [`Rows::iter`], [`Rows::one`] and [`Row::get`]: typed reading of query
 //!   results by column name (`row.get::<i64>("balance")?`), via [`FromValue`];

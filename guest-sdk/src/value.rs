@@ -293,6 +293,23 @@ impl Message {
         std::str::from_utf8(&self.payload)
             .map_err(|e| HandlerError::reject(format!("payload is not UTF-8: {e}")))
     }
+
+    /// The payload, JSON, decoded into `T` (any `serde::Deserialize` type):
+    /// `let event: CreditEvent = msg.json()?;` (cargo feature `json`, on by
+    /// default).
+    ///
+    /// # Errors
+    ///
+    /// [`HandlerError::Reject`] when the payload is not JSON of `T`'s shape,
+    /// `payload is not the expected JSON: <serde_json's reason> at line L
+    /// column C` (a missing field, a wrong type, a syntax error): another
+    /// delivery would carry the same bytes, so the message is dead-lettered
+    /// when the handler returns the error with `?`.
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|e| HandlerError::reject(format!("payload is not the expected JSON: {e}")))
+    }
     /// The first value of header `name` (compared ASCII case-insensitively),
     /// in delivery order; `None` when the message has no such header.
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -364,5 +381,50 @@ mod tests {
         assert_eq!(msg.header("nats-msg-id"), Some("i"));
         assert_eq!(msg.payload_str().ok(), Some("{}"));
         assert!(msg.is_redelivery());
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn a_payload_decodes_into_a_serde_type_or_is_rejected() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Credit {
+            account_id: i64,
+            amount: i64,
+        }
+        let msg = |payload: &[u8]| Message {
+            identity: "i".into(),
+            subject: "s".into(),
+            headers: Vec::new(),
+            payload: payload.to_vec(),
+            stream_sequence: 1,
+            delivery_count: 1,
+            published_ms: 0,
+        };
+        // The reject reason, or what else came back.
+        let rejected = |r: Result<Credit, HandlerError>| match r {
+            Err(HandlerError::Reject(reason)) => reason,
+            other => format!("not a reject: {other:?}"),
+        };
+        assert_eq!(
+            msg(br#"{"account_id": 73, "amount": 500}"#)
+                .json::<Credit>()
+                .ok(),
+            Some(Credit {
+                account_id: 73,
+                amount: 500
+            })
+        );
+        assert_eq!(
+            rejected(msg(br#"{"account_id": 73}"#).json::<Credit>()),
+            "payload is not the expected JSON: missing field `amount` at line 1 column 18"
+        );
+        assert_eq!(
+            rejected(msg(br#"{"account_id": "x", "amount": 1}"#).json::<Credit>()),
+            "payload is not the expected JSON: invalid type: string \"x\", expected i64 at line 1 column 18"
+        );
+        assert_eq!(
+            rejected(msg(b"\xff").json::<Credit>()),
+            "payload is not the expected JSON: expected value at line 1 column 1"
+        );
     }
 }
