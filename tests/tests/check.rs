@@ -22,6 +22,22 @@ fn config(dir: &Path, module: &Path, extra: &str) -> String {
     cfg.to_str().unwrap().to_string()
 }
 
+/// `idem check MODULE --config CFG --handler HANDLER`: (exit code, stdout,
+/// stderr).
+fn check_against(module: &Path, cfg: &str, handler: &str) -> (i32, String, String) {
+    idem_cli(
+        &[
+            "check",
+            module.to_str().unwrap(),
+            "--config",
+            cfg,
+            "--handler",
+            handler,
+        ],
+        &[],
+    )
+}
+
 /// The value of the stdout line that starts with `label`.
 fn field<'a>(out: &'a str, label: &str) -> &'a str {
     out.lines()
@@ -80,17 +96,7 @@ fn a_handler_whose_settings_refuse_the_component_is_named() {
     // WASI imports, and the handler has `wasi = false` (the default).
     let wasi = guest("credit-wasip2");
     let cfg = config(dir.path(), &wasi, "");
-    let (code, out, err) = idem_cli(
-        &[
-            "check",
-            wasi.to_str().unwrap(),
-            "--config",
-            &cfg,
-            "--handler",
-            "h",
-        ],
-        &[],
-    );
+    let (code, out, err) = check_against(&wasi, &cfg, "h");
     assert_eq!(code, 1, "stdout: {out}");
     assert_eq!(field(&out, "wasi"), "yes");
     assert_eq!(
@@ -104,17 +110,7 @@ fn a_handler_whose_settings_refuse_the_component_is_named() {
     );
     assert!(err.contains("handler `h` has `wasi = false`"), "{err}");
     let cfg = config(dir.path(), &wasi, "wasi = true\n");
-    let (code, out, err) = idem_cli(
-        &[
-            "check",
-            wasi.to_str().unwrap(),
-            "--config",
-            &cfg,
-            "--handler",
-            "h",
-        ],
-        &[],
-    );
+    let (code, out, err) = check_against(&wasi, &cfg, "h");
     assert_eq!((code, err.as_str()), (0, ""), "stdout: {out}");
     assert_eq!(
         field(&out, "handler"),
@@ -123,17 +119,7 @@ fn a_handler_whose_settings_refuse_the_component_is_named() {
     // The outbox imported, nothing granted to send to.
     let behave = guest("behave");
     let cfg = config(dir.path(), &behave, "");
-    let (code, _, err) = idem_cli(
-        &[
-            "check",
-            behave.to_str().unwrap(),
-            "--config",
-            &cfg,
-            "--handler",
-            "h",
-        ],
-        &[],
-    );
+    let (code, _, err) = check_against(&behave, &cfg, "h");
     assert_eq!(code, 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
@@ -141,30 +127,10 @@ fn a_handler_whose_settings_refuse_the_component_is_named() {
         "{err}"
     );
     let cfg = config(dir.path(), &behave, "publish = [\"out.>\"]\n");
-    let (code, _, err) = idem_cli(
-        &[
-            "check",
-            behave.to_str().unwrap(),
-            "--config",
-            &cfg,
-            "--handler",
-            "h",
-        ],
-        &[],
-    );
+    let (code, _, err) = check_against(&behave, &cfg, "h");
     assert_eq!((code, err.as_str()), (0, ""));
     // A handler the config does not have.
-    let (code, out, err) = idem_cli(
-        &[
-            "check",
-            behave.to_str().unwrap(),
-            "--config",
-            &cfg,
-            "--handler",
-            "g",
-        ],
-        &[],
-    );
+    let (code, out, err) = check_against(&behave, &cfg, "g");
     assert_eq!((code, out.as_str()), (1, ""));
     assert_eq!(
         err.trim_end(),

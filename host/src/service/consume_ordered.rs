@@ -109,17 +109,14 @@ pub(super) async fn consume_ordered(
         _ if rule.partitioned => {}
         // Not known: fenced as if the most were out, up to the bound.
         out => {
-            let out = out.unwrap_or(Out {
-                pending: usize::try_from(super::MAX_ACK_PENDING).unwrap_or(usize::MAX),
-                last_delivered: u64::MAX,
-            });
+            let out = out.unwrap_or(UNKNOWN);
             let first = fence(
                 &pipeline,
                 &mut deliveries,
                 &stop,
                 Vec::new(),
                 out,
-                (0, Vec::new()),
+                Own::default(),
             )
             .await;
             admit_sorted(&rule, &mut lanes, &mut ready, first);
@@ -208,14 +205,11 @@ pub(super) async fn consume_ordered(
                     // What this loop holds is out too, and is its own:
                     // counted off, and kept in progress during the fence.
                     let held: Vec<Message> = lanes.held().chain(ready.iter().map(|(m, _)| m)).cloned().collect();
-                    let own = (held.len() + in_flight.len(), held);
-                    let out = match deliveries.out().await {
-                        Ok(out) => out,
-                        Err(e) => {
-                            tracing::warn!(handler = %pipeline.name(), error = %e, "key lanes: cannot read what of the partition is out; holding later messages for the longest a delivery can take to come back");
-                            Out { pending: usize::MAX, last_delivered: u64::MAX }
-                        }
-                    };
+                    let own = Own { count: held.len() + in_flight.len(), held };
+                    let out = deliveries.out().await.unwrap_or_else(|e| {
+                        tracing::warn!(handler = %pipeline.name(), error = %e, "key lanes: cannot read what of the partition is out; holding later messages for the longest a delivery can take to come back");
+                        UNKNOWN
+                    });
                     let first = fence(&pipeline, &mut deliveries, &stop, vec![msg], out, own).await;
                     admit_sorted(&rule, &mut lanes, &mut ready, first);
                     continue;
@@ -250,6 +244,22 @@ pub(super) async fn consume_ordered(
 /// Most messages gathered by a [`fence`]: the consumers' `max_ack_pending`,
 /// all that can be out.
 const TAKEOVER_GATHER: usize = 1000;
+
+/// What a [`fence`] assumes when the consumer info cannot be read: the
+/// most that can be out, any sequence; it then waits its whole bound.
+const UNKNOWN: Out = Out {
+    pending: TAKEOVER_GATHER,
+    last_delivered: u64::MAX,
+};
+
+/// What a loop already holds when it fences: out too, but its own.
+#[derive(Default)]
+struct Own {
+    /// How many: waiting in its lanes or ready queue, or running.
+    count: usize,
+    /// Those waiting, kept in progress during the fence.
+    held: Vec<Message>,
+}
 
 /// `first` and what else arrives within `linger`, up to `max` in all (or
 /// until `stop`).
@@ -287,18 +297,20 @@ async fn fence(
     stop: &CancellationToken,
     mut first: Vec<Message>,
     out: Out,
-    own: (usize, Vec<Message>),
+    own: Own,
 ) -> Vec<Message> {
-    let (own, held) = own;
-    let need = out.pending.saturating_sub(own);
+    let need = out.pending.saturating_sub(own.count);
     // What is already buffered counts at once.
     first = gather(deliveries, stop, first, TAKEOVER_GATHER, Duration::ZERO).await;
-    let mut back = returned(&first, out.last_delivered);
-    if back >= need {
+    // Distinct stream sequences at or below `last_delivered` gathered so
+    // far, counted as they arrive.
+    let mut back = std::collections::HashSet::new();
+    count_back(&first, out.last_delivered, &mut back);
+    if back.len() >= need {
         return first;
     }
     let bound = fence_bound(pipeline.config());
-    let missing = need - back;
+    let missing = need - back.len();
     tracing::info!(handler = %pipeline.name(), missing, "key lanes: {missing} deliveries of the consumer are out and not acked (another host has them, or had them); later messages wait until they are back, {} at most", humantime::format_duration(bound));
     let until = Instant::now() + bound;
     let every = (pipeline.config().ack_wait / 3).max(Duration::from_millis(100));
@@ -306,7 +318,8 @@ async fn fence(
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            tracing::warn!(handler = %pipeline.name(), missing = need - back, "key lanes: {} deliveries out did not come back within {}; a later message of their keys may run before them (with `refuse_out_of_order` the earlier one is dead-lettered when it comes)", need - back, humantime::format_duration(bound));
+            let missing = need - back.len();
+            tracing::warn!(handler = %pipeline.name(), missing, "key lanes: {missing} deliveries out did not come back within {}; a later message of their keys may run before them (with `refuse_out_of_order` the earlier one is dead-lettered when it comes)", humantime::format_duration(bound));
             break;
         }
         let wait = left.min(every.saturating_sub(kept.elapsed()));
@@ -316,8 +329,10 @@ async fn fence(
             next = tokio::time::timeout(wait, deliveries.next()), if first.len() < TAKEOVER_GATHER => {
                 match next {
                     Ok(Ok(msg)) => {
+                        let counted = first.len();
                         first.push(msg);
                         first = gather(deliveries, stop, first, TAKEOVER_GATHER, Duration::ZERO).await;
+                        count_back(&first[counted..], out.last_delivered, &mut back);
                     }
                     // Gone: the loop's next pull says so.
                     Ok(Err(_)) => break,
@@ -326,8 +341,7 @@ async fn fence(
             }
             () = tokio::time::sleep(wait), if first.len() >= TAKEOVER_GATHER => {}
         }
-        back = returned(&first, out.last_delivered);
-        if back >= need {
+        if back.len() >= need {
             break;
         }
         if kept.elapsed() >= every {
@@ -337,7 +351,7 @@ async fn fence(
                 () = stop.cancelled() => break,
                 () = async {
                     keep_in_progress(&first).await;
-                    keep_in_progress(&held).await;
+                    keep_in_progress(&own.held).await;
                 } => {}
             }
         }
@@ -345,14 +359,13 @@ async fn fence(
     first
 }
 
-/// How many distinct stream sequences at or below `last` are in `msgs`.
-fn returned(msgs: &[Message], last: u64) -> usize {
-    let seqs: std::collections::HashSet<u64> = msgs
-        .iter()
-        .filter_map(|m| m.info().ok().map(|i| i.stream_sequence))
-        .filter(|&s| s <= last)
-        .collect();
-    seqs.len()
+/// Adds to `back` the stream sequences of `msgs` at or below `last`.
+fn count_back(msgs: &[Message], last: u64, back: &mut std::collections::HashSet<u64>) {
+    back.extend(
+        msgs.iter()
+            .filter_map(|m| m.info().ok().map(|i| i.stream_sequence))
+            .filter(|&s| s <= last),
+    );
 }
 
 /// The longest a delivery out can take to come back: given back at a
