@@ -75,6 +75,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "Guest statements that failed on a unique constraint.",
     ),
     (
+        "idem_receipt_lookups_total",
+        "Receipt lookups run for several deliveries before any transaction.",
+    ),
+    (
+        "idem_duplicates_looked_up_total",
+        "Duplicates a receipt lookup found, acked without a transaction (also in idem_duplicates_total).",
+    ),
+    (
         "idem_batched_total",
         "Deliveries settled after a batch transaction that carried several messages committed.",
     ),
@@ -385,6 +393,13 @@ pub struct HandlerStats {
     /// carried several messages committed (`idem_batched_total`); each is
     /// also counted as processed, duplicate, retried or dead-lettered.
     pub batched: Count,
+    /// Receipt lookups run before any transaction, each for the
+    /// deliveries of one batch or one pull (`idem_receipt_lookups_total`).
+    pub receipt_lookups: Count,
+    /// Deliveries a receipt lookup found committed, acked without a
+    /// transaction (`idem_duplicates_looked_up_total`); each is also
+    /// counted as a duplicate.
+    pub duplicates_looked_up: Count,
     in_flight_now: Arc<AtomicU64>,
     instruments: Instruments,
 }
@@ -454,6 +469,8 @@ impl HandlerStats {
             receipts_pruned: Count::new("idem_receipts_pruned_total", handler),
             unique_violations: Count::new("idem_unique_violations_total", handler),
             batched: Count::new("idem_batched_total", handler),
+            receipt_lookups: Count::new("idem_receipt_lookups_total", handler),
+            duplicates_looked_up: Count::new("idem_duplicates_looked_up_total", handler),
             in_flight_now: Arc::default(),
             instruments: Instruments {
                 handler_seconds: histogram("idem_handler_seconds"),
@@ -533,6 +550,8 @@ impl HandlerStats {
             receipts_pruned: self.receipts_pruned.get(),
             unique_violations: self.unique_violations.get(),
             batched: self.batched.get(),
+            receipt_lookups: self.receipt_lookups.get(),
+            duplicates_looked_up: self.duplicates_looked_up.get(),
         }
     }
 }
@@ -564,13 +583,17 @@ pub struct StatsSnapshot {
     pub unique_violations: u64,
     /// Deliveries settled after a committed batch transaction.
     pub batched: u64,
+    /// Receipt lookups run before any transaction.
+    pub receipt_lookups: u64,
+    /// Duplicates a receipt lookup found (also in `duplicates`).
+    pub duplicates_looked_up: u64,
 }
 
 impl std::fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={} unique_violations={} batched={}",
+            "delivered={} processed={} duplicates={} retried={} dead_lettered={} traps={} ack_failures={} log_bytes_dropped={} db_pauses={} receipts_pruned={} unique_violations={} batched={} receipt_lookups={} duplicates_looked_up={}",
             self.delivered,
             self.processed,
             self.duplicates,
@@ -582,7 +605,9 @@ impl std::fmt::Display for StatsSnapshot {
             self.db_pauses,
             self.receipts_pruned,
             self.unique_violations,
-            self.batched
+            self.batched,
+            self.receipt_lookups,
+            self.duplicates_looked_up
         )
     }
 }

@@ -346,6 +346,8 @@ pub fn add_stats(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
         receipts_pruned: a.receipts_pruned + b.receipts_pruned,
         unique_violations: a.unique_violations + b.unique_violations,
         batched: a.batched + b.batched,
+        receipt_lookups: a.receipt_lookups + b.receipt_lookups,
+        duplicates_looked_up: a.duplicates_looked_up + b.duplicates_looked_up,
     }
 }
 
@@ -371,6 +373,8 @@ pub fn last_stats(text: &str) -> Option<StatsSnapshot> {
             "receipts_pruned" => s.receipts_pruned = v,
             "unique_violations" => s.unique_violations = v,
             "batched" => s.batched = v,
+            "receipt_lookups" => s.receipt_lookups = v,
+            "duplicates_looked_up" => s.duplicates_looked_up = v,
             _ => {}
         }
     }

@@ -262,6 +262,56 @@ on_both_databases!(
 
 /// Holds the row of account `account` locked (PostgreSQL): a connection
 /// with an open transaction that updated it; `ROLLBACK` on it releases it.
+/// `batch = "auto"`: a backlog is taken in batches of what the pulls have
+/// brought, and messages that arrive one at a time on an idle stream each
+/// run alone, at once (no batch is formed for them).
+async fn auto_batches_follow_the_backlog(backend: Backend) {
+    let (nats, db, _dir, cfg) = setup(
+        backend,
+        "credit-projector",
+        "credit",
+        "batch = \"auto\"\npull_batch = 32\nack_wait = \"60s\"\ndeadline = \"1s\"\n",
+    )
+    .await;
+    create_stream(&nats, "ACCOUNTS", &[SUBJECT]).await;
+    let js = nats.jetstream().await;
+    for i in 0..40 {
+        publish(&js, SUBJECT, &credit(&format!("b{i}"), i % 4, 1), &[]).await;
+    }
+    let host = RunningHost::start(&cfg).await;
+    let backlog = host
+        .wait_for("credit-projector", "the backlog processed", |s| {
+            s.processed == 40
+        })
+        .await;
+    assert!(
+        backlog.batched > 0,
+        "no batch formed from a backlog: {backlog}"
+    );
+    for i in 0..5 {
+        publish(&js, SUBJECT, &credit(&format!("idle{i}"), 9, 1), &[]).await;
+        host.wait_for("credit-projector", "an idle message processed", |s| {
+            s.processed == 41 + i
+        })
+        .await;
+    }
+    let s = host.stats("credit-projector");
+    assert_eq!(
+        (s.processed, s.duplicates, s.retried, s.batched),
+        (45, 0, 0, backlog.batched),
+        "{s}"
+    );
+    host.stop().await;
+    for account in 0..4 {
+        assert_eq!(db.balance(account).await, Some(10));
+    }
+    assert_eq!(db.balance(9).await, Some(5));
+}
+on_both_databases!(
+    auto_batches_follow_the_backlog,
+    auto_batches_follow_the_backlog
+);
+
 async fn lock_row(db: &TestDb, account: i64) -> sqlx::PgConnection {
     use sqlx::Connection as _;
     db.execute(&format!(

@@ -106,7 +106,7 @@ async fn a_restart_on_postgresql_logs_no_notices() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out.trim(),
-        "handler quiet: delivered=0 processed=0 duplicates=0 retried=0 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0 unique_violations=0 batched=0"
+        "handler quiet: delivered=0 processed=0 duplicates=0 retried=0 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0 unique_violations=0 batched=0 receipt_lookups=0 duplicates_looked_up=0"
     );
     assert!(
         err.contains("handler ready"),

@@ -348,7 +348,7 @@ async fn json_logs_carry_the_delivery_span() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "handler jsonlog: delivered=2 processed=1 duplicates=0 retried=1 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0 unique_violations=0 batched=0"
+        "handler jsonlog: delivered=2 processed=1 duplicates=0 retried=1 dead_lettered=0 traps=0 ack_failures=0 log_bytes_dropped=0 db_pauses=0 receipts_pruned=0 unique_violations=0 batched=0 receipt_lookups=1 duplicates_looked_up=0"
     );
     let lines: Vec<serde_json::Value> = err
         .lines()

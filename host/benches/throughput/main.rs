@@ -36,7 +36,9 @@
 //!   hosts with `batch = 64` (and `pull_batch = 64`, `ack_wait = "300s"`,
 //!   `deadline = "2s"`, so that a pull brings a whole batch);
 //!   below the table, the batched Rust rate over the unbatched one and over
-//!   B with plain acks.
+//!   B with plain acks. **batch "auto"** (Rust): `batch = "auto"` with the
+//!   same pull settings; its latency row is the one to read next to the
+//!   unbatched row's (an idle stream's message runs alone at once).
 //! - **key lanes** (Rust): `order_key = "json:/account_id"` (the credits
 //!   spread over 1,000 accounts), so every message goes through its
 //!   account's lane.
@@ -53,6 +55,12 @@
 //!   the first half's event ids; below the table, what one skipped duplicate
 //!   costs next to one processed message (this row's time and the Rust
 //!   row's rate).
+//! - **copies after a restart** (Rust, unbatched and batch 64): one host
+//!   processes the N messages, stops; the N messages are published again
+//!   with the same event ids, and a host started afresh (remembering no
+//!   commit) drains the copies. The row's rate is the copies'; below the
+//!   table, one copy's time over one processed message's, both timed in
+//!   that row. `IDEM_BENCH_ONLY=copies` runs B, D and these rows alone.
 //!
 //! A host row times `Host::run` from its start until the host's counters
 //! show every message settled (read every 2 ms), after `Host::start`
@@ -88,6 +96,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod copies;
 mod fleet;
 mod outbox;
 mod rows;
@@ -258,6 +267,9 @@ enum What {
         #[serde(default)]
         order: Order,
     },
+    /// The Rust component over N messages, then over N copies of them on
+    /// a host started afresh ([`copies::copies_after_a_restart`]).
+    Copies { module: PathBuf },
     /// `behave` over N messages, each publishing one message through the
     /// outbox when `publish` (module: behave's component).
     Outbox { module: PathBuf, publish: bool },
@@ -278,6 +290,10 @@ struct Spec {
     concurrency: usize,
     /// The handler's `batch` (host rows).
     batch: usize,
+    /// `batch = "auto"` instead (host rows; with `batch` = 64 for the
+    /// pull settings of a batched row).
+    #[serde(default)]
+    auto_batch: bool,
     n: usize,
     /// The broker's URL, or its servers' separated by commas.
     nats: String,
@@ -306,6 +322,10 @@ struct Measured {
     /// the target stream holds them).
     #[serde(default)]
     committed_rate: Option<f64>,
+    /// Copies rows: the seconds the N messages took to process, before
+    /// their N copies were drained in `secs`.
+    #[serde(default)]
+    processed_secs: Option<f64>,
 }
 
 /// Runs one row in this process (the child's side).
@@ -320,6 +340,7 @@ async fn run_row(spec: Spec) -> Result<Measured> {
             order,
         } => host(&spec, module, native, duplicates, order).await,
         What::FleetMember { module, url } => fleet_member(&spec, module, &url).await,
+        What::Copies { module } => copies::copies_after_a_restart(&spec, module).await,
         What::Outbox { module, publish } => outbox::outbox_host(&spec, module, publish).await,
         What::PublishCeiling => outbox::publish_ceiling(&spec).await,
     }
@@ -336,6 +357,27 @@ fn in_child(spec: &Spec) -> Result<Measured> {
     match stdout.lines().last().and_then(|l| l.strip_prefix("row: ")) {
         Some(json) if out.status.success() => Ok(serde_json::from_str(json)?),
         _ => bail!("row {} failed ({}): {stdout}", spec.row, out.status),
+    }
+}
+
+/// Runs the copies-after-a-restart row `spec` (`batched`: the label's
+/// batch part), prints it, and adds what one copy cost next to one
+/// processed message, both timed in that row, to `costs`.
+fn copies_row(table: &Table, spec: &Spec, batched: &str, costs: &mut Vec<(String, usize, f64)>) {
+    let (label, cs) = (spec.db.label(), spec.concurrency.to_string());
+    let row = format!("idem, Rust{batched}, copies after a restart");
+    match in_child(spec) {
+        Ok(m) => {
+            table.line(&row, label, &cs, &m);
+            if let Some(p) = m.processed_secs {
+                costs.push((
+                    format!("{label}{batched}, after a restart"),
+                    spec.concurrency,
+                    m.secs / p,
+                ));
+            }
+        }
+        Err(e) => Table::failed(&row, label, &cs, &format!("{e:#}")),
     }
 }
 
@@ -418,6 +460,7 @@ fn specs(
             db,
             concurrency,
             batch: 1,
+            auto_batch: false,
             n,
             nats: nats.clone(),
             replicas,
@@ -501,6 +544,24 @@ async fn bench() -> Result<()> {
                 b: Some(b),
             };
             table.line("D", label, &cs, &d);
+            if only == Some("copies") {
+                let mut copies_spec = spec(
+                    What::Copies {
+                        module: rust.clone(),
+                    },
+                    db,
+                    c,
+                );
+                copies_row(&table, &copies_spec, "", &mut duplicate_costs);
+                copies_spec.batch = BATCH;
+                copies_row(
+                    &table,
+                    &copies_spec,
+                    &format!(", batch {BATCH}"),
+                    &mut duplicate_costs,
+                );
+                continue;
+            }
             let host = |module: PathBuf, native, duplicates| What::Host {
                 module,
                 native,
@@ -588,6 +649,10 @@ async fn bench() -> Result<()> {
                 let m = in_child(&idem_spec)?;
                 table.line(&format!("idem, Rust, batch {BATCH}"), label, &cs, &m);
                 batch_gains.push((label, c, m.rate / unbatched, m.rate / plain.rate));
+                let mut auto_spec = batched(false);
+                auto_spec.auto_batch = true;
+                let auto = in_child(&auto_spec)?;
+                table.line("idem, Rust, batch \"auto\"", label, &cs, &auto);
                 let mut dup_spec = spec(host(rust.clone(), false, true), db, c);
                 dup_spec.batch = BATCH;
                 let d = in_child(&dup_spec)?;
@@ -603,6 +668,20 @@ async fn bench() -> Result<()> {
                     c,
                     duplicate_cost(n, m.rate, d.secs),
                 ));
+                let mut copies_spec = spec(
+                    What::Copies {
+                        module: rust.clone(),
+                    },
+                    db,
+                    c,
+                );
+                copies_spec.batch = BATCH;
+                copies_row(
+                    &table,
+                    &copies_spec,
+                    &format!(", batch {BATCH}"),
+                    &mut duplicate_costs,
+                );
                 table.d = d_unbatched;
             }
             if let Some(processed_rate) = rust_rate {
@@ -615,6 +694,14 @@ async fn bench() -> Result<()> {
                     c,
                     duplicate_cost(n, processed_rate, m.secs),
                 ));
+                let copies_spec = spec(
+                    What::Copies {
+                        module: rust.clone(),
+                    },
+                    db,
+                    c,
+                );
+                copies_row(&table, &copies_spec, "", &mut duplicate_costs);
             }
         }
     }
@@ -630,7 +717,7 @@ async fn bench() -> Result<()> {
             "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
         );
     }
-    if matches!(only, Some("lanes" | "rust")) {
+    if matches!(only, Some("lanes" | "rust" | "copies")) {
         return Ok(());
     }
     let behave = guests_dir().join("behave.wasm");

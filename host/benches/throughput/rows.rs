@@ -443,7 +443,11 @@ pub(super) async fn start_host_with(
             module.display(),
             order.subjects(row),
             root().join("examples/credit/migrations").display(),
-            spec.batch.max(1),
+            if spec.auto_batch {
+                "\"auto\"".to_string()
+            } else {
+                spec.batch.max(1).to_string()
+            },
             // A batch fills from the pulls: ask for a whole batch, which
             // the ack_wait bound allows with a long ack_wait.
             if spec.batch > 1 {

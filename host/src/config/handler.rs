@@ -2,6 +2,7 @@
 //! may write and its limits. Parsing and the values derived from it; the
 //! checks across fields are [`super::Config::validate`].
 
+use crate::config::batch::Batch;
 use crate::config::start::StartPosition;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -89,13 +90,15 @@ pub struct HandlerConfig {
     /// Most messages one transaction carries (ARCHITECTURE.md, "Batching"):
     /// each runs in its own savepoint, and one COMMIT makes them all durable
     /// before any is acked. Default 1 (a transaction per message); at most
-    /// 1000. `concurrency` transactions run at once, each with up to
-    /// `batch` messages.
-    #[serde(default = "default_batch")]
-    pub batch: usize,
+    /// 1000; or `"auto"`: what is already fetched, up to 64, without
+    /// waiting ([`Batch::Auto`]). `concurrency` transactions run at once,
+    /// each with up to that many messages.
+    #[serde(default)]
+    pub batch: Batch,
     /// How long a transaction waits for its batch to fill after its first
     /// message; what is already fetched is always taken at once. Default
-    /// 5 ms; less than half of `ack_wait`, and at most 10 s.
+    /// 5 ms; less than half of `ack_wait`, and at most 10 s. Not used with
+    /// `batch = "auto"`, which never waits.
     #[serde(default = "default_batch_linger", with = "humantime_serde")]
     pub batch_linger: Duration,
     /// Key lanes (ARCHITECTURE.md, "Key lanes"): where a message's ordering
@@ -263,9 +266,6 @@ fn default_max_outbox_kib() -> usize {
     1024
 }
 fn default_concurrency() -> usize {
-    1
-}
-fn default_batch() -> usize {
     1
 }
 fn default_batch_linger() -> Duration {

@@ -22,6 +22,7 @@
 //! of the config file; relative `*_file` paths against
 //! `$CREDENTIALS_DIRECTORY` when set, else that directory too.
 
+pub mod batch;
 mod broker;
 pub mod database_url;
 mod deploy;
@@ -403,13 +404,13 @@ impl Config {
                     h.name
                 ));
             }
-            if h.batch == 0 || h.batch > 1000 {
+            if matches!(h.batch, batch::Batch::Fixed(n) if n == 0 || n > 1000) {
                 problems.push(format!(
                     "handler `{}`: batch must be between 1 and 1000 (messages per transaction)",
                     h.name
                 ));
             }
-            if h.order_key.is_some() && h.batch > 1 {
+            if h.order_key.is_some() && h.batch.batches() {
                 problems.push(format!(
                     "handler `{}`: order_key needs batch = 1 (key lanes run one message per transaction); remove batch or order_key",
                     h.name
@@ -607,19 +608,25 @@ ack_wait = "10s"
         h.pull_batch = 1;
         assert_eq!(h.pull_size(), 2);
         // Batching does not raise it past what ack_wait allows.
-        h.batch = 64;
+        h.batch = batch::Batch::Fixed(64);
         assert_eq!(h.pull_size(), 2);
     }
 
     #[test]
     fn batch_defaults_to_one_and_is_bounded() {
         let h = parse(OK).unwrap().handlers.remove(0);
-        assert_eq!((h.batch, h.batch_linger), (1, Duration::from_millis(5)));
+        assert_eq!(
+            (h.batch, h.batch_linger),
+            (batch::Batch::Fixed(1), Duration::from_millis(5))
+        );
         let h = parse(&format!("{OK}batch = 64\nbatch_linger = \"20ms\"\n"))
             .unwrap()
             .handlers
             .remove(0);
-        assert_eq!((h.batch, h.batch_linger), (64, Duration::from_millis(20)));
+        assert_eq!(
+            (h.batch, h.batch_linger),
+            (batch::Batch::Fixed(64), Duration::from_millis(20))
+        );
         for (bad, err) in [
             (
                 "batch = 0",

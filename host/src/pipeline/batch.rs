@@ -4,11 +4,12 @@
 //! fails costs only itself ([`PreparedHandler::apply_batch`]).
 //!
 //! ```text
-//! deliveries ─► message ids read; one whose receipt this host saw
-//!               committed lately and still finds is acked at once,
-//!               without a transaction; a delivery without one, without JetStream metadata, or a
-//!               second copy of a message id in the batch runs alone
-//!               afterwards (the receipt decides)
+//! deliveries ─► message ids read; a delivery without one, without
+//!               JetStream metadata, or a second copy of a message id in
+//!               the batch runs alone afterwards (the receipt decides)
+//!   one receipt lookup for the rest ─► those whose receipts are
+//!               committed acked at once, without a transaction
+//!               (`pipeline/lookup.rs`)
 //! BEGIN ─► receipts ─► per message: horizon, guest in its savepoint ─► COMMIT
 //!   committed ─► every ack at once (applied and duplicates), then
 //!                the failed ones settled one by one as alone
@@ -43,7 +44,6 @@ impl Pipeline {
     /// `unsettled` (what a stop gives back if it abandons the batch).
     pub async fn process_batch(&self, msgs: &[Message], unsettled: &Unsettled) {
         let mut alone: Vec<&Message> = Vec::new();
-        let mut known: Vec<&Message> = Vec::new();
         let mut batch: Vec<(Delivery<'_>, String)> = Vec::new();
         let mut ids = HashSet::new();
         for msg in msgs {
@@ -56,20 +56,33 @@ impl Pipeline {
                 msg.headers.as_ref(),
                 &msg.payload,
             ) {
-                // Its receipt was seen committed lately: read again and,
-                // when there, acked without a transaction; all such at
-                // once, before the batch.
-                Ok(id) if self.committed.contains(&id) => known.push(msg),
                 Ok(id) if ids.insert(id.clone()) => batch.push((d, id)),
                 // No message id (dead-lettered alone), or a second copy of
                 // one: it runs after the batch, where the receipt decides.
                 _ => alone.push(msg),
             }
         }
-        futures::future::join_all(known.iter().map(|msg| self.process_alone(msg, unsettled))).await;
+        // One lookup for the whole batch: the copies whose receipts are
+        // committed are acked together, before (and without) the
+        // transaction.
+        let mut acked: Vec<&Message> = Vec::new();
+        if batch.len() >= 2 {
+            let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;
+            if !found.is_empty() {
+                let (dups, rest): (Vec<_>, Vec<_>) =
+                    batch.into_iter().partition(|(_, id)| found.contains(id));
+                acked = dups.iter().map(|(d, _)| d.msg).collect();
+                let dups: Vec<(Message, String)> = dups
+                    .into_iter()
+                    .map(|(d, id)| (d.msg.clone(), id))
+                    .collect();
+                self.ack_duplicates(&dups, unsettled).await;
+                batch = rest;
+            }
+        }
         if batch.len() < 2 {
             for msg in msgs {
-                if !known.iter().any(|k| std::ptr::eq(*k, msg)) {
+                if !acked.iter().any(|a| std::ptr::eq(*a, msg)) {
                     self.process_alone(msg, unsettled).await;
                 }
             }

@@ -1,11 +1,11 @@
 //! [`Committed`]: the message ids of one handler whose receipts this process
 //! saw committed in the last [`COMMITTED_TTL`], the most recent
 //! [`COMMITTED_IDS`] of them: the likely duplicates (ARCHITECTURE.md,
-//! "Duplicates this host committed"). A delivery of one of these has its
-//! receipt read, outside any transaction, and is acked as a duplicate when
-//! the receipt is there, with no BEGIN, no receipt insert and no ROLLBACK.
-//! The set only says where to look; the receipt decides, so a receipt
-//! forgotten (`idem receipts forget`) or pruned since is seen.
+//! "Duplicates found before the transaction"). A delivery of one of these
+//! has its receipt looked up outside any transaction, and is acked as a
+//! duplicate when the receipt is there, with no BEGIN, no receipt insert
+//! and no ROLLBACK. The set only says where to look; the receipt decides,
+//! so a receipt forgotten (`idem receipts forget`) or pruned since is seen.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

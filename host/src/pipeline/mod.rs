@@ -43,6 +43,7 @@ mod batch;
 mod committed;
 pub mod db_gate;
 pub mod fault;
+pub mod lookup;
 pub mod message_id;
 pub mod step;
 mod unsettled;
@@ -75,6 +76,9 @@ pub struct Pipeline {
     /// copy of one has its receipt read, and is acked without a transaction
     /// when it is there.
     committed: Committed,
+    /// Whether a delivery run alone turned out a duplicate since the last
+    /// lookup that found none: the next pulls are looked up.
+    copies: lookup::CopiesArriving,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -115,6 +119,7 @@ impl Pipeline {
             gate,
             horizon: true,
             committed: Committed::default(),
+            copies: lookup::CopiesArriving::default(),
         }
     }
 
@@ -288,11 +293,15 @@ impl Pipeline {
             // Not found (forgotten, pruned) or not readable: the
             // transaction decides, as for any message.
             tracing::debug!("receipt committed and still there; a duplicate without a transaction");
+            self.copies.found_alone();
             return Ok((Some(message_id), Attempt::Duplicate));
         }
         let attempt = self.transaction(d, &message_id).await?;
         if matches!(attempt, Attempt::Committed | Attempt::Duplicate) {
             self.committed.insert(&message_id);
+        }
+        if matches!(attempt, Attempt::Duplicate) {
+            self.copies.found_alone();
         }
         Ok((Some(message_id), attempt))
     }

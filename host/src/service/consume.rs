@@ -6,6 +6,8 @@ use super::shutdown::{self, InFlight};
 use crate::broker::{self, Deliveries};
 use crate::pipeline::Pipeline;
 use crate::pipeline::db_gate::DbGate;
+use async_nats::jetstream::Message;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
@@ -31,8 +33,11 @@ pub(super) async fn consume(
     ));
     let mut in_flight = InFlight::default();
     let (batch, linger) = (
-        pipeline.config().batch.max(1),
-        pipeline.config().batch_linger,
+        pipeline.config().batch.most(),
+        pipeline
+            .config()
+            .batch
+            .linger(pipeline.config().batch_linger),
     );
     let mut ready = Some(stopping.ready);
     if deliveries.open().await.is_ok()
@@ -40,6 +45,10 @@ pub(super) async fn consume(
     {
         let _ = ready.send(());
     }
+    // Deliveries a receipt lookup found new, taken from the pull stream
+    // with a likely copy (ARCHITECTURE.md, "Duplicates found before the
+    // transaction"): they run before the next pull.
+    let mut looked_up: VecDeque<Message> = VecDeque::new();
     loop {
         let slot = tokio::select! {
             biased;
@@ -53,16 +62,21 @@ pub(super) async fn consume(
                 break;
             }
         }
-        let msg = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            m = deliveries.next() => m,
-        };
-        let mut msgs = match msg {
-            Ok(msg) => vec![msg],
-            Err(e) => {
-                lost.consumer_gone(pipeline.name(), e);
-                break;
+        let from_lookup = !looked_up.is_empty();
+        let mut msgs = if let Some(msg) = looked_up.pop_front() {
+            vec![msg]
+        } else {
+            let msg = tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                m = deliveries.next() => m,
+            };
+            match msg {
+                Ok(msg) => vec![msg],
+                Err(e) => {
+                    lost.consumer_gone(pipeline.name(), e);
+                    break;
+                }
             }
         };
         if let Some(ready) = ready.take() {
@@ -75,6 +89,29 @@ pub(super) async fn consume(
                 biased;
                 () = stop.cancelled() => {}
                 () = deliveries.fill(&mut msgs, batch, linger) => {}
+            }
+        } else if !from_lookup && pipeline.likely_duplicate(&msgs[0]) {
+            // Likely a copy: one lookup for it and what its pull stream has
+            // buffered; the copies are acked together, the rest run one by
+            // one before the next pull.
+            deliveries
+                .fill(&mut msgs, pipeline.config().pull_size(), Duration::ZERO)
+                .await;
+            let (copies, rest) = pipeline.split_duplicates(std::mem::take(&mut msgs)).await;
+            if !copies.is_empty() {
+                let p = pipeline.clone();
+                let unsettled = crate::pipeline::Unsettled::new(
+                    copies.iter().map(|(m, _)| m.clone()).collect(),
+                );
+                let settling = unsettled.clone();
+                in_flight.spawn(unsettled, async move {
+                    p.ack_duplicates(&copies, &settling).await;
+                });
+            }
+            looked_up.extend(rest);
+            match looked_up.pop_front() {
+                Some(msg) => msgs.push(msg),
+                None => continue,
             }
         }
         let p = pipeline.clone();
@@ -89,7 +126,14 @@ pub(super) async fn consume(
         });
         in_flight.reap(pipeline.name());
     }
-    shutdown::wind_down(pipeline.name(), &mut deliveries, in_flight, stopping.grace).await;
+    shutdown::wind_down(
+        pipeline.name(),
+        &mut deliveries,
+        looked_up.into(),
+        in_flight,
+        stopping.grace,
+    )
+    .await;
 }
 
 /// What a handler's consuming loop needs for its start and stop: the

@@ -64,8 +64,9 @@ impl InFlight {
 }
 
 /// Stops one handler's consuming: naks without delay the messages fetched
-/// but never started ([`Deliveries::release_buffered`]: never run, so
-/// neither retried nor dead-lettered, and not counted); waits up to `grace`
+/// but never started (`taken`, those the loop took from the pull stream,
+/// and those still buffered there, [`Deliveries::release_buffered`]:
+/// never run, so neither retried nor dead-lettered, and not counted); waits up to `grace`
 /// for the deliveries in flight to finish their protocol (commit and ack,
 /// their in-progress keep-alive running); then abandons the rest: their
 /// tasks are dropped, which drops their transactions (rolled back), and
@@ -74,10 +75,12 @@ impl InFlight {
 pub async fn wind_down(
     handler: &str,
     deliveries: &mut Deliveries,
+    taken: Vec<Message>,
     in_flight: InFlight,
     grace: Duration,
 ) -> usize {
-    let released = deliveries.release_buffered();
+    let mut released = taken;
+    released.extend(deliveries.release_buffered());
     for msg in &released {
         give_back(handler, msg).await;
     }

@@ -76,7 +76,7 @@ pub use dead_letters::{DeadLetter, DeadLetterRow};
 pub use error::{ErrorClass, ProbeFailure, StoreError};
 pub use outbox::{NOTIFY_CHANNEL, OutboxRow, PARKED, now_ms};
 pub use outbox_admin::{OutboxListed, OutboxSummary, RowChange};
-pub use receipts::{Receipt, ReceiptGauges};
+pub use receipts::{LOOKUP_IDS, Receipt, ReceiptGauges};
 pub use retention::{PRUNE_LOCK_KEY, PruneLock, PrunePass};
 pub use transaction::HandlerRole;
 

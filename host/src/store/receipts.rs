@@ -59,7 +59,31 @@ impl Database {
         let n = dispatch!(&self.0, b => b.receipt_count(consumer).await)?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+
+    /// Which of `message_ids` have a receipt of `consumer`, in one query
+    /// outside any transaction (so only committed receipts): the lookup a
+    /// pull's deliveries get before any transaction (ARCHITECTURE.md,
+    /// "Duplicates found before the transaction"). At most
+    /// [`LOOKUP_IDS`] ids a query: more are looked up in several.
+    ///
+    /// # Errors
+    /// A query fails.
+    pub async fn existing_receipts(
+        &self,
+        consumer: &str,
+        message_ids: &[&str],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut found = std::collections::HashSet::new();
+        for chunk in message_ids.chunks(LOOKUP_IDS) {
+            let ids = dispatch!(&self.0, b => b.existing_receipts(consumer, chunk).await)?;
+            found.extend(ids);
+        }
+        Ok(found)
+    }
 }
+
+/// The most message ids [`Database::existing_receipts`] puts in one query.
+pub const LOOKUP_IDS: usize = 256;
 
 impl Tx {
     /// Inserts the receipt (`ON CONFLICT (consumer, message_id) DO NOTHING`).

@@ -35,6 +35,11 @@ pub(in crate::store) trait Pool: Send + Sync + Sized + 'static {
     /// module_digest, processed_at` (as Unix ms)`, published_ms`.
     const SELECT_RECEIPT: &'static str;
 
+    /// Selects the `message_id` of consumer `$1`'s receipts whose message
+    /// id is in `$2`, a JSON array of strings (one statement text for any
+    /// number of ids, so one prepared statement).
+    const SELECT_EXISTING_RECEIPTS: &'static str;
+
     /// Opens a pool of up to `max_connections` (at least 1) to `url`, one
     /// of this backend's [`crate::store::SCHEMES`]; `lock_wait` is how long a
     /// statement waits for a database-wide write lock (SQLite's busy
@@ -275,6 +280,25 @@ pub(in crate::store) trait Pool: Send + Sync + Sized + 'static {
             None => Ok(None),
             Some(r) => Ok(Some((r.int(0)?, r.text(1)?, r.int(2)?, r.int(3)?))),
         }
+    }
+
+    /// Which of `message_ids` have a receipt of `consumer` (committed
+    /// ones: read outside any transaction), in no particular order.
+    ///
+    /// # Errors
+    /// The query fails or a row does not decode.
+    async fn existing_receipts(
+        &self,
+        consumer: &str,
+        message_ids: &[&str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let ids =
+            serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let sql = Self::SELECT_EXISTING_RECEIPTS.into_sql_str();
+        let rows = self
+            .fetch_all(sql, &[Param::Text(consumer), Param::Text(&ids)])
+            .await?;
+        rows.iter().map(|r| r.text(0)).collect()
     }
 
     /// `(count, oldest published_ms, newest published_ms)` of `consumer`'s

@@ -168,6 +168,10 @@ impl backend::Pool for Pool {
 
     const SELECT_RECEIPT: &'static str = "SELECT stream_sequence, module_digest, (extract(epoch FROM processed_at) * 1000)::bigint, published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2";
 
+    /// The ids unpacked once into an array (an InitPlan), so the
+    /// `(consumer, message_id)` key is probed with `= ANY` per id.
+    const SELECT_EXISTING_RECEIPTS: &'static str = "SELECT message_id FROM idem_receipts WHERE consumer = $1 AND message_id = ANY(ARRAY(SELECT jsonb_array_elements_text($2::jsonb)))";
+
     /// `lock_wait` is not used: PostgreSQL waits on row locks, bounded per
     /// transaction ([`backend::Pool::begin_limited`]).
     async fn connect(

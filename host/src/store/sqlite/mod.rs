@@ -121,6 +121,9 @@ impl backend::Pool for Pool {
 
     const SELECT_RECEIPT: &'static str = "SELECT stream_sequence, module_digest, processed_at, published_ms FROM idem_receipts WHERE consumer = $1 AND message_id = $2";
 
+    /// `json_each` is SQLite's own (built in since 3.38).
+    const SELECT_EXISTING_RECEIPTS: &'static str = "SELECT message_id FROM idem_receipts WHERE consumer = $1 AND message_id IN (SELECT value FROM json_each($2))";
+
     async fn connect(
         url: &str,
         max_connections: u32,

@@ -1,0 +1,183 @@
+//! One receipt lookup for several deliveries before any transaction
+//! (ARCHITECTURE.md, "Duplicates found before the transaction"): a
+//! delivery whose receipt is committed is acked as a duplicate with no
+//! BEGIN, receipt insert or ROLLBACK. The lookup only says which
+//! deliveries to ack at once; for every other one the receipt insert in
+//! its transaction decides, as always.
+//!
+//! A batch of two or more is always looked up (one query for the whole
+//! batch). A delivery that would run alone is looked up, with what else
+//! its pull stream has buffered, only when it is likely a copy
+//! ([`worth_a_lookup`]): a new message alone costs no extra query and no
+//! extra parse.
+
+use super::verdict::{Attempt, Verdict};
+use super::{Delivery, Pipeline, Unsettled};
+use crate::metrics::HandlerStats;
+use async_nats::jetstream::Message;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+use tracing::Instrument as _;
+
+/// The longest a lookup may take: past it, the deliveries run the protocol
+/// as if nothing was found (the lookup is only a shortcut).
+pub const LOOKUP_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether copies are arriving now: a delivery that ran alone turned out a
+/// duplicate no lookup had found (copies come in runs: a redelivery after
+/// a crash, a producer sending a range again, a consumer reset), until a
+/// lookup finds none.
+#[derive(Debug, Default)]
+pub struct CopiesArriving(AtomicBool);
+
+impl CopiesArriving {
+    /// A delivery turned out a duplicate without a lookup (its receipt
+    /// insert, or a read of a remembered one, found the receipt).
+    pub fn found_alone(&self) {
+        self.0.store(true, Relaxed);
+    }
+
+    /// A lookup ran and found `found` of the deliveries it looked up.
+    pub fn looked_up(&self, found: usize) {
+        if found == 0 {
+            self.0.store(false, Relaxed);
+        }
+    }
+
+    /// Whether the last duplicate found alone has not yet been followed by
+    /// a lookup that found none.
+    pub fn now(&self) -> bool {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Whether a delivery about to run alone is worth a receipt lookup: it is a
+/// redelivery (`delivered` above 1: its first delivery may have committed,
+/// its ack lost), or copies are arriving ([`CopiesArriving`]). Neither
+/// needs the message id: a new message costs nothing here.
+pub fn worth_a_lookup(delivered: u64, copies_arriving: bool) -> bool {
+    delivered > 1 || copies_arriving
+}
+
+impl Pipeline {
+    /// Whether `msg`, about to run alone, is worth a receipt lookup
+    /// ([`worth_a_lookup`]).
+    pub fn likely_duplicate(&self, msg: &Message) -> bool {
+        let delivered = msg
+            .info()
+            .map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1));
+        worth_a_lookup(delivered, self.copies.now())
+    }
+
+    /// Looks up the receipts of `msgs` (deliveries of this handler's
+    /// consumer) in one query and splits them into the copies whose
+    /// receipts are committed, with their message ids (for
+    /// [`Pipeline::ack_duplicates`]), and the rest, in their order. A
+    /// delivery without JetStream metadata or without a message id is in
+    /// the rest (the protocol deals with it); so is every delivery when the
+    /// lookup fails or takes longer than [`LOOKUP_WAIT`].
+    pub async fn split_duplicates(
+        &self,
+        msgs: Vec<Message>,
+    ) -> (Vec<(Message, String)>, Vec<Message>) {
+        let ids: Vec<Option<String>> = msgs
+            .iter()
+            .map(|m| {
+                crate::pipeline::message_id::extract(
+                    &self.config.identity,
+                    m.headers.as_ref(),
+                    &m.payload,
+                )
+                .ok()
+            })
+            .collect();
+        let found = self.lookup(ids.iter().flatten().map(String::as_str)).await;
+        let (mut dups, mut rest) = (Vec::new(), Vec::new());
+        for (msg, id) in msgs.into_iter().zip(ids) {
+            match id {
+                Some(id) if found.contains(&id) => dups.push((msg, id)),
+                _ => rest.push(msg),
+            }
+        }
+        (dups, rest)
+    }
+
+    /// The message ids among `ids` whose receipts are committed, in one
+    /// query (empty when it fails or takes longer than [`LOOKUP_WAIT`]).
+    /// Counted (`idem_receipt_lookups_total`), and ends a run of copies
+    /// when it finds none.
+    pub(super) async fn lookup<'a>(&self, ids: impl Iterator<Item = &'a str>) -> HashSet<String> {
+        let ids: Vec<&str> = ids.collect();
+        if ids.is_empty() {
+            return HashSet::new();
+        }
+        HandlerStats::incr(&self.handler.stats().receipt_lookups);
+        let lookup = self.db.existing_receipts(self.name(), &ids);
+        let found = match tokio::time::timeout(LOOKUP_WAIT, lookup).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::debug!(handler = %self.name(), error = %e, "receipt lookup failed; the transactions decide");
+                return HashSet::new();
+            }
+            Err(_) => {
+                tracing::debug!(handler = %self.name(), "receipt lookup took longer than {LOOKUP_WAIT:?}; the transactions decide");
+                return HashSet::new();
+            }
+        };
+        self.copies.looked_up(found.len());
+        found
+    }
+
+    /// Acks `dups` (copies a lookup found committed receipts for) together:
+    /// each is counted as a delivery, a duplicate and one found by a
+    /// lookup, and crossed off `unsettled`.
+    pub async fn ack_duplicates(&self, dups: &[(Message, String)], unsettled: &Unsettled) {
+        let partitioned = self.config.partitions.is_some();
+        futures::future::join_all(dups.iter().map(|(msg, id)| async move {
+            let Ok(d) = Delivery::of(msg, partitioned) else {
+                return;
+            };
+            let span = self.delivery_span(&d);
+            span.record("message_id", id.as_str());
+            let stats = self.handler.stats();
+            HandlerStats::incr(&stats.delivered);
+            tracing::debug!(parent: &span, "receipt found by the lookup; a duplicate without a transaction");
+            // A confirmed ack never needs the database: always `Ok`.
+            if let Ok(outcome) = self
+                .settle(&d, Some(id), &Attempt::Duplicate, Verdict::Duplicate)
+                .instrument(span)
+                .await
+            {
+                HandlerStats::incr(&stats.duplicates_looked_up);
+                self.count(&Attempt::Duplicate, &outcome);
+                unsettled.settled(msg);
+            }
+        }))
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lone_delivery_is_looked_up_only_when_likely_a_copy() {
+        assert!(!worth_a_lookup(1, false));
+        assert!(worth_a_lookup(2, false));
+        assert!(worth_a_lookup(1, true));
+    }
+
+    #[test]
+    fn copies_arrive_from_a_duplicate_found_alone_until_a_lookup_finds_none() {
+        let c = CopiesArriving::default();
+        assert!(!c.now());
+        c.found_alone();
+        assert!(c.now());
+        c.looked_up(3);
+        assert!(c.now());
+        c.looked_up(0);
+        assert!(!c.now());
+    }
+}
