@@ -76,7 +76,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "idem_receipt_lookups_total",
-        "Receipt lookups run for several deliveries before any transaction.",
+        "Receipt lookups run before any transaction (for a pull, a batch, or one likely copy).",
     ),
     (
         "idem_duplicates_looked_up_total",
@@ -394,7 +394,8 @@ pub struct HandlerStats {
     /// also counted as processed, duplicate, retried or dead-lettered.
     pub batched: Count,
     /// Receipt lookups run before any transaction, each for the
-    /// deliveries of one batch or one pull (`idem_receipt_lookups_total`).
+    /// deliveries of one pull or batch, or one likely copy
+    /// (`idem_receipt_lookups_total`).
     pub receipt_lookups: Count,
     /// Deliveries a receipt lookup found committed, acked without a
     /// transaction (`idem_duplicates_looked_up_total`); each is also

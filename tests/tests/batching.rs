@@ -260,8 +260,6 @@ on_both_databases!(
     a_trap_mid_statement_costs_only_its_message
 );
 
-/// Holds the row of account `account` locked (PostgreSQL): a connection
-/// with an open transaction that updated it; `ROLLBACK` on it releases it.
 /// `batch = "auto"`: a backlog is taken in batches of what the pulls have
 /// brought, and messages that arrive one at a time on an idle stream each
 /// run alone, at once (no batch is formed for them).
@@ -312,6 +310,8 @@ on_both_databases!(
     auto_batches_follow_the_backlog
 );
 
+/// Holds the row of account `account` locked (PostgreSQL): a connection
+/// with an open transaction that updated it; `ROLLBACK` on it releases it.
 async fn lock_row(db: &TestDb, account: i64) -> sqlx::PgConnection {
     use sqlx::Connection as _;
     db.execute(&format!(

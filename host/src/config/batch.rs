@@ -50,15 +50,6 @@ impl Batch {
     }
 }
 
-impl std::fmt::Display for Batch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Batch::Fixed(n) => write!(f, "{n}"),
-            Batch::Auto => f.write_str("\"auto\""),
-        }
-    }
-}
-
 impl Serialize for Batch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -90,7 +81,7 @@ impl<'de> Deserialize<'de> for Batch {
                     .and_then(|n| self.visit_u64(n))
             }
 
-            // An environment override arrives as text.
+            // A number written as text is read as the number.
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Batch, E> {
                 match s.trim() {
                     "auto" => Ok(Batch::Auto),

@@ -7,9 +7,9 @@
 //! deliveries ─► message ids read; a delivery without one, without
 //!               JetStream metadata, or a second copy of a message id in
 //!               the batch runs alone afterwards (the receipt decides)
-//!   one receipt lookup for the rest ─► those whose receipts are
-//!               committed acked at once, without a transaction
-//!               (`pipeline/lookup.rs`)
+//!   one receipt lookup for the rest when one is likely a copy ─►
+//!               those whose receipts are committed acked at once,
+//!               without a transaction (`pipeline/lookup.rs`)
 //! BEGIN ─► receipts ─► per message: horizon, guest in its savepoint ─► COMMIT
 //!   committed ─► every ack at once (applied and duplicates), then
 //!                the failed ones settled one by one as alone
@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Ack only after COMMIT holds as for one message (invariant 2): nothing of
-//! a batch is acked before its COMMIT returned.
+//! a batch is acked before its COMMIT returned, but the copies the lookup
+//! found, whose receipts (and effects) committed before.
 
 use super::Unsettled;
 use super::{Delivery, Outcome, Pipeline};
@@ -62,11 +63,15 @@ impl Pipeline {
                 _ => alone.push(msg),
             }
         }
-        // One lookup for the whole batch: the copies whose receipts are
-        // committed are acked together, before (and without) the
-        // transaction.
+        // One lookup for the whole batch when one of its members is likely
+        // a copy: the copies whose receipts are committed are acked
+        // together, before (and without) the transaction.
         let mut acked: Vec<&Message> = Vec::new();
-        if batch.len() >= 2 {
+        let looked_up = batch.len() >= 2
+            && batch
+                .iter()
+                .any(|(d, id)| self.worth_a_lookup(d.delivered, id));
+        if looked_up {
             let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;
             if !found.is_empty() {
                 let (dups, rest): (Vec<_>, Vec<_>) =
@@ -82,7 +87,16 @@ impl Pipeline {
         }
         if batch.len() < 2 {
             for msg in msgs {
-                if !acked.iter().any(|a| std::ptr::eq(*a, msg)) {
+                if acked.iter().any(|a| std::ptr::eq(*a, msg)) {
+                    continue;
+                }
+                // A member the lookup found new is not looked up again.
+                let member = batch.iter().any(|(d, _)| std::ptr::eq(d.msg, msg));
+                if looked_up && member {
+                    if !matches!(self.process_looked_up(msg).await, Outcome::Unsettled(_)) {
+                        unsettled.settled(msg);
+                    }
+                } else {
                     self.process_alone(msg, unsettled).await;
                 }
             }
@@ -170,6 +184,7 @@ impl Pipeline {
                 }
                 BatchItem::Duplicate => {
                     self.committed.insert(id);
+                    self.copies.found_without_lookup();
                     Attempt::Duplicate
                 }
                 BatchItem::Refused(reason) => Attempt::Refused(reason),

@@ -5,11 +5,11 @@
 //! deliveries to ack at once; for every other one the receipt insert in
 //! its transaction decides, as always.
 //!
-//! A batch of two or more is always looked up (one query for the whole
-//! batch). A delivery that would run alone is looked up, with what else
-//! its pull stream has buffered, only when it is likely a copy
-//! ([`worth_a_lookup`]): a new message alone costs no extra query and no
-//! extra parse.
+//! Deliveries are looked up only when they are likely copies
+//! ([`worth_a_lookup`]): a batch when one of its members is, a delivery
+//! that runs alone when it is, and then, in the unbatched loop, together
+//! with what its pull stream has buffered. A new message costs no extra
+//! query.
 
 use super::verdict::{Attempt, Verdict};
 use super::{Delivery, Pipeline, Unsettled};
@@ -20,54 +20,67 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 use tracing::Instrument as _;
 
-/// The longest a lookup may take: past it, the deliveries run the protocol
-/// as if nothing was found (the lookup is only a shortcut).
+/// The longest a lookup may take, at most: past it (or a quarter of
+/// `ack_wait`, when that is shorter) the deliveries run the protocol as
+/// if nothing was found (the lookup is only a shortcut).
 pub const LOOKUP_WAIT: Duration = Duration::from_secs(1);
 
-/// Whether copies are arriving now: a delivery that ran alone turned out a
-/// duplicate no lookup had found (copies come in runs: a redelivery after
-/// a crash, a producer sending a range again, a consumer reset), until a
-/// lookup finds none.
+/// Whether copies are arriving now: a duplicate turned up (found by a
+/// transaction's receipt insert, a read of a remembered receipt, or a
+/// lookup), and no lookup has found none since. Copies come in runs: a
+/// redelivery after a crash, a producer sending a range again, a consumer
+/// reset.
 #[derive(Debug, Default)]
 pub struct CopiesArriving(AtomicBool);
 
 impl CopiesArriving {
-    /// A delivery turned out a duplicate without a lookup (its receipt
-    /// insert, or a read of a remembered one, found the receipt).
-    pub fn found_alone(&self) {
+    /// A duplicate turned up without a lookup (a receipt insert, or a read
+    /// of a remembered receipt, found the receipt).
+    pub fn found_without_lookup(&self) {
         self.0.store(true, Relaxed);
     }
 
-    /// A lookup ran and found `found` of the deliveries it looked up.
+    /// A lookup ran and found `found` of the deliveries it looked up; a
+    /// lookup that failed counts as one that found none (so a failing
+    /// database is not asked again for every pull).
     pub fn looked_up(&self, found: usize) {
-        if found == 0 {
-            self.0.store(false, Relaxed);
-        }
+        self.0.store(found > 0, Relaxed);
     }
 
-    /// Whether the last duplicate found alone has not yet been followed by
-    /// a lookup that found none.
+    /// Whether copies are arriving (type docs).
     pub fn now(&self) -> bool {
         self.0.load(Relaxed)
     }
 }
 
-/// Whether a delivery about to run alone is worth a receipt lookup: it is a
-/// redelivery (`delivered` above 1: its first delivery may have committed,
-/// its ack lost), or copies are arriving ([`CopiesArriving`]). Neither
-/// needs the message id: a new message costs nothing here.
-pub fn worth_a_lookup(delivered: u64, copies_arriving: bool) -> bool {
-    delivered > 1 || copies_arriving
+/// Whether a delivery is worth a receipt lookup: it is a redelivery
+/// (`delivered` above 1: its first delivery may have committed, its ack
+/// lost), this host saw its receipt committed lately (`remembered`), or
+/// copies are arriving ([`CopiesArriving`]).
+pub fn worth_a_lookup(delivered: u64, remembered: bool, copies_arriving: bool) -> bool {
+    delivered > 1 || remembered || copies_arriving
 }
 
 impl Pipeline {
-    /// Whether `msg`, about to run alone, is worth a receipt lookup
-    /// ([`worth_a_lookup`]).
+    /// Whether `msg` is worth a receipt lookup by the signs that need
+    /// neither its payload nor its message id ([`worth_a_lookup`] without
+    /// `remembered`): what the unbatched loop asks of each pull's first
+    /// delivery before it takes the rest of the pull in.
     pub fn likely_duplicate(&self, msg: &Message) -> bool {
         let delivered = msg
             .info()
             .map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1));
-        worth_a_lookup(delivered, self.copies.now())
+        worth_a_lookup(delivered, false, self.copies.now())
+    }
+
+    /// Whether a delivery counted `delivered` with `message_id` is worth a
+    /// receipt lookup ([`worth_a_lookup`]).
+    pub(super) fn worth_a_lookup(&self, delivered: u64, message_id: &str) -> bool {
+        worth_a_lookup(
+            delivered,
+            self.committed.contains(message_id),
+            self.copies.now(),
+        )
     }
 
     /// Looks up the receipts of `msgs` (deliveries of this handler's
@@ -76,7 +89,7 @@ impl Pipeline {
     /// [`Pipeline::ack_duplicates`]), and the rest, in their order. A
     /// delivery without JetStream metadata or without a message id is in
     /// the rest (the protocol deals with it); so is every delivery when the
-    /// lookup fails or takes longer than [`LOOKUP_WAIT`].
+    /// lookup fails or takes longer than [`Pipeline::lookup_wait`].
     pub async fn split_duplicates(
         &self,
         msgs: Vec<Message>,
@@ -84,6 +97,7 @@ impl Pipeline {
         let ids: Vec<Option<String>> = msgs
             .iter()
             .map(|m| {
+                m.info().ok()?;
                 crate::pipeline::message_id::extract(
                     &self.config.identity,
                     m.headers.as_ref(),
@@ -104,29 +118,37 @@ impl Pipeline {
     }
 
     /// The message ids among `ids` whose receipts are committed, in one
-    /// query (empty when it fails or takes longer than [`LOOKUP_WAIT`]).
-    /// Counted (`idem_receipt_lookups_total`), and ends a run of copies
-    /// when it finds none.
+    /// query (empty when it fails or takes longer than
+    /// [`Pipeline::lookup_wait`]). Counted (`idem_receipt_lookups_total`),
+    /// and noted in [`CopiesArriving`].
     pub(super) async fn lookup<'a>(&self, ids: impl Iterator<Item = &'a str>) -> HashSet<String> {
         let ids: Vec<&str> = ids.collect();
         if ids.is_empty() {
             return HashSet::new();
         }
         HandlerStats::incr(&self.handler.stats().receipt_lookups);
+        let wait = self.lookup_wait();
         let lookup = self.db.existing_receipts(self.name(), &ids);
-        let found = match tokio::time::timeout(LOOKUP_WAIT, lookup).await {
+        let found = match tokio::time::timeout(wait, lookup).await {
             Ok(Ok(found)) => found,
             Ok(Err(e)) => {
                 tracing::debug!(handler = %self.name(), error = %e, "receipt lookup failed; the transactions decide");
-                return HashSet::new();
+                HashSet::new()
             }
             Err(_) => {
-                tracing::debug!(handler = %self.name(), "receipt lookup took longer than {LOOKUP_WAIT:?}; the transactions decide");
-                return HashSet::new();
+                tracing::debug!(handler = %self.name(), "receipt lookup took longer than {wait:?}; the transactions decide");
+                HashSet::new()
             }
         };
         self.copies.looked_up(found.len());
         found
+    }
+
+    /// How long a lookup may take: [`LOOKUP_WAIT`], or a quarter of
+    /// `ack_wait` when that is shorter (the deliveries it holds up have
+    /// their `ack_wait` running).
+    pub fn lookup_wait(&self) -> Duration {
+        LOOKUP_WAIT.min(self.config.ack_wait / 4)
     }
 
     /// Acks `dups` (copies a lookup found committed receipts for) together:
@@ -163,21 +185,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lone_delivery_is_looked_up_only_when_likely_a_copy() {
-        assert!(!worth_a_lookup(1, false));
-        assert!(worth_a_lookup(2, false));
-        assert!(worth_a_lookup(1, true));
+    fn a_delivery_is_looked_up_only_when_likely_a_copy() {
+        assert!(!worth_a_lookup(1, false, false));
+        assert!(worth_a_lookup(2, false, false));
+        assert!(worth_a_lookup(1, true, false));
+        assert!(worth_a_lookup(1, false, true));
     }
 
     #[test]
-    fn copies_arrive_from_a_duplicate_found_alone_until_a_lookup_finds_none() {
+    fn copies_arrive_from_a_duplicate_until_a_lookup_finds_none() {
         let c = CopiesArriving::default();
         assert!(!c.now());
-        c.found_alone();
+        c.found_without_lookup();
         assert!(c.now());
         c.looked_up(3);
         assert!(c.now());
         c.looked_up(0);
         assert!(!c.now());
+        // A lookup that finds copies starts a run too.
+        c.looked_up(1);
+        assert!(c.now());
     }
 }

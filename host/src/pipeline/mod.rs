@@ -76,8 +76,8 @@ pub struct Pipeline {
     /// copy of one has its receipt read, and is acked without a transaction
     /// when it is there.
     committed: Committed,
-    /// Whether a delivery run alone turned out a duplicate since the last
-    /// lookup that found none: the next pulls are looked up.
+    /// Whether copies are arriving: deliveries are looked up before
+    /// their transactions.
     copies: lookup::CopiesArriving,
 }
 
@@ -167,10 +167,21 @@ impl Pipeline {
     /// from the start (the receipt decides whether an earlier COMMIT whose
     /// outcome was unknown had happened). An outage spends no deliveries.
     pub async fn process(&self, msg: &Message) -> Outcome {
+        self.process_delivery(msg, false).await
+    }
+
+    /// [`Pipeline::process`] for a delivery a receipt lookup has just
+    /// found new ([`Pipeline::split_duplicates`]): it is not looked up
+    /// again before its transaction.
+    pub async fn process_looked_up(&self, msg: &Message) -> Outcome {
+        self.process_delivery(msg, true).await
+    }
+
+    async fn process_delivery(&self, msg: &Message, looked_up: bool) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
         let _in_flight = self.handler.stats().in_flight();
         let d = match Delivery::of(msg, self.config().partitions.is_some()) {
-            Ok(d) => d,
+            Ok(d) => Delivery { looked_up, ..d },
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
                 tracing::error!(handler = %self.handler.name(), error = %e, "message without JetStream metadata; ignored");
@@ -286,14 +297,18 @@ impl Pipeline {
             Err(reason) => return Ok((None, Attempt::NoMessageId(reason))),
         };
         tracing::Span::current().record("message_id", message_id.as_str());
-        if self.committed.contains(&message_id)
-            && let Ok(Some(_)) = self.db.receipt(self.name(), &message_id).await
+        if !d.looked_up
+            && self.worth_a_lookup(d.delivered, &message_id)
+            && self
+                .lookup(std::iter::once(message_id.as_str()))
+                .await
+                .contains(&message_id)
         {
             // The receipt is there (read outside a transaction: committed).
             // Not found (forgotten, pruned) or not readable: the
             // transaction decides, as for any message.
-            tracing::debug!("receipt committed and still there; a duplicate without a transaction");
-            self.copies.found_alone();
+            tracing::debug!("receipt found by the lookup; a duplicate without a transaction");
+            HandlerStats::incr(&self.handler.stats().duplicates_looked_up);
             return Ok((Some(message_id), Attempt::Duplicate));
         }
         let attempt = self.transaction(d, &message_id).await?;
@@ -301,7 +316,7 @@ impl Pipeline {
             self.committed.insert(&message_id);
         }
         if matches!(attempt, Attempt::Duplicate) {
-            self.copies.found_alone();
+            self.copies.found_without_lookup();
         }
         Ok((Some(message_id), attempt))
     }
@@ -554,6 +569,8 @@ struct Delivery<'a> {
     published_ns: i64,
     subject: String,
     headers: Vec<(String, String)>,
+    /// A receipt lookup has just found it new: not looked up again.
+    looked_up: bool,
 }
 
 impl<'a> Delivery<'a> {
@@ -588,6 +605,7 @@ impl<'a> Delivery<'a> {
                 msg.subject.to_string()
             },
             headers,
+            looked_up: false,
         })
     }
 

@@ -47,8 +47,9 @@ pub(super) async fn consume(
     }
     // Deliveries a receipt lookup found new, taken from the pull stream
     // with a likely copy (ARCHITECTURE.md, "Duplicates found before the
-    // transaction"): they run before the next pull.
-    let mut looked_up: VecDeque<Message> = VecDeque::new();
+    // transaction"), each kept in progress while it waits: they run before
+    // the next pull.
+    let mut looked_up: VecDeque<(Message, broker::InProgress)> = VecDeque::new();
     loop {
         let slot = tokio::select! {
             biased;
@@ -57,13 +58,17 @@ pub(super) async fn consume(
         };
         let Ok(slot) = slot else { break };
         if !gate.is_up() {
+            // What the loop took from the pull is left to `ack_wait`, as
+            // the pull's buffer is.
+            looked_up.clear();
             deliveries.pause();
             if !gate.ready().await {
                 break;
             }
         }
-        let from_lookup = !looked_up.is_empty();
-        let mut msgs = if let Some(msg) = looked_up.pop_front() {
+        // Whether `msgs` is one delivery a lookup has found new.
+        let mut from_lookup = !looked_up.is_empty();
+        let mut msgs = if let Some((msg, _kept)) = looked_up.pop_front() {
             vec![msg]
         } else {
             let msg = tokio::select! {
@@ -108,17 +113,23 @@ pub(super) async fn consume(
                     p.ack_duplicates(&copies, &settling).await;
                 });
             }
-            looked_up.extend(rest);
+            let ack_wait = pipeline.config().ack_wait;
+            looked_up.extend(rest.into_iter().map(|m| {
+                let kept = broker::InProgress::start(m.clone(), ack_wait);
+                (m, kept)
+            }));
             match looked_up.pop_front() {
-                Some(msg) => msgs.push(msg),
+                Some((msg, _kept)) => msgs.push(msg),
                 None => continue,
             }
+            from_lookup = true;
         }
         let p = pipeline.clone();
         let unsettled = crate::pipeline::Unsettled::new(msgs.clone());
         let settling = unsettled.clone();
         in_flight.spawn(unsettled, async move {
             match msgs.as_slice() {
+                [msg] if from_lookup => drop(p.process_looked_up(msg).await),
                 [msg] => drop(p.process(msg).await),
                 msgs => p.process_batch(msgs, &settling).await,
             }
@@ -129,7 +140,7 @@ pub(super) async fn consume(
     shutdown::wind_down(
         pipeline.name(),
         &mut deliveries,
-        looked_up.into(),
+        looked_up.into_iter().map(|(m, _)| m).collect(),
         in_flight,
         stopping.grace,
     )
