@@ -6,18 +6,45 @@
 //! private nats-server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use idem::metrics::StatsSnapshot;
 use idem_tests::*;
 use std::time::Duration;
 
 const SUBJECT: &str = "accounts.credit";
 const N: i64 = 20;
 
-/// A config with handler `credit-projector` (the Rust credit component)
-/// and the `extra` TOML lines.
-fn config(nats: &Nats, db: &TestDb, dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+/// A private nats-server, a fresh database of `backend`, and a config (in
+/// the returned directory) with handler `credit-projector` (the Rust
+/// credit component) and the `extra` TOML lines.
+async fn setup(
+    backend: Backend,
+    extra: &str,
+) -> (Nats, TestDb, tempfile::TempDir, std::path::PathBuf) {
+    let (nats, db, dir) = (
+        Nats::start(),
+        TestDb::new(backend).await,
+        tempfile::tempdir().unwrap(),
+    );
     let mut h = HandlerSpec::new("credit-projector", "credit");
     h.extra = format!("{}{extra}", h.extra);
-    write_config(dir, nats, db, &[h])
+    let cfg = write_config(dir.path(), &nats, &db, &[h]);
+    (nats, db, dir, cfg)
+}
+
+/// A second host with `cfg`, run until the N copies and `evt_new` are
+/// settled, then stopped: its counters.
+async fn second_host(cfg: &std::path::Path) -> StatsSnapshot {
+    let second = RunningHost::start(cfg).await;
+    let s = second
+        .wait_for_within(
+            "credit-projector",
+            "the copies and evt_new settled",
+            Duration::from_secs(30),
+            |s| s.duplicates + s.processed == N as u64 + 1,
+        )
+        .await;
+    second.stop().await;
+    s
 }
 
 /// Credits `evt_0` … `evt_{N-1}` of 1 to accounts 0 … 9, processed by one
@@ -57,22 +84,9 @@ async fn assert_applied_once(db: &TestDb) {
 /// every pull is looked up with one query, and the other N − 1 copies are
 /// acked without a transaction. The new message among them is processed.
 async fn copies_after_a_restart_are_acked_after_one_lookup(backend: Backend) {
-    let (nats, db, dir) = (
-        Nats::start(),
-        TestDb::new(backend).await,
-        tempfile::tempdir().unwrap(),
-    );
-    let cfg = config(&nats, &db, dir.path(), "batch = 1\nconcurrency = 1\n");
+    let (nats, db, _dir, cfg) = setup(backend, "batch = 1\nconcurrency = 1\n").await;
     copies_after_a_restart(&nats, &cfg).await;
-    let second = RunningHost::start(&cfg).await;
-    let s = second
-        .wait_for_within(
-            "credit-projector",
-            "the copies and evt_new settled",
-            Duration::from_secs(30),
-            |s| s.duplicates + s.processed == N as u64 + 1,
-        )
-        .await;
+    let s = second_host(&cfg).await;
     assert_eq!(
         (s.processed, s.duplicates, s.duplicates_looked_up, s.retried),
         (1, N as u64, N as u64 - 1, 0),
@@ -84,7 +98,6 @@ async fn copies_after_a_restart_are_acked_after_one_lookup(backend: Backend) {
         "{} lookups",
         s.receipt_lookups
     );
-    second.stop().await;
     assert_applied_once(&db).await;
 }
 on_both_databases!(
@@ -98,27 +111,13 @@ on_both_databases!(
 /// looked up with one query before any transaction: its copies are acked
 /// without one, and `evt_new` runs alone.
 async fn copies_in_a_batch_are_acked_before_its_transaction(backend: Backend) {
-    let (nats, db, dir) = (
-        Nats::start(),
-        TestDb::new(backend).await,
-        tempfile::tempdir().unwrap(),
-    );
-    let cfg = config(
-        &nats,
-        &db,
-        dir.path(),
+    let (nats, db, _dir, cfg) = setup(
+        backend,
         "batch = 16\nbatch_linger = \"2s\"\nconcurrency = 1\n",
-    );
+    )
+    .await;
     copies_after_a_restart(&nats, &cfg).await;
-    let second = RunningHost::start(&cfg).await;
-    let s = second
-        .wait_for_within(
-            "credit-projector",
-            "the copies and evt_new settled",
-            Duration::from_secs(30),
-            |s| s.duplicates + s.processed == N as u64 + 1,
-        )
-        .await;
+    let s = second_host(&cfg).await;
     assert_eq!(
         (
             s.processed,
@@ -130,7 +129,6 @@ async fn copies_in_a_batch_are_acked_before_its_transaction(backend: Backend) {
         (1, N as u64, 4, 1, 0),
         "{s}"
     );
-    second.stop().await;
     assert_applied_once(&db).await;
 }
 on_both_databases!(
@@ -142,12 +140,7 @@ on_both_databases!(
 /// lookup: that copy runs its transaction and is applied again; the other
 /// copies after the first (which ran a transaction) are found by lookups.
 async fn a_forgotten_receipt_is_not_found_by_the_lookup(backend: Backend) {
-    let (nats, db, dir) = (
-        Nats::start(),
-        TestDb::new(backend).await,
-        tempfile::tempdir().unwrap(),
-    );
-    let cfg = config(&nats, &db, dir.path(), "batch = 1\nconcurrency = 1\n");
+    let (nats, db, _dir, cfg) = setup(backend, "batch = 1\nconcurrency = 1\n").await;
     copies_after_a_restart(&nats, &cfg).await;
     let (code, _, err) = idem_cli(
         &[
@@ -162,21 +155,12 @@ async fn a_forgotten_receipt_is_not_found_by_the_lookup(backend: Backend) {
         &[],
     );
     assert_eq!(code, 0, "{err}");
-    let second = RunningHost::start(&cfg).await;
-    let s = second
-        .wait_for_within(
-            "credit-projector",
-            "the copies and evt_new settled",
-            Duration::from_secs(30),
-            |s| s.duplicates + s.processed == N as u64 + 1,
-        )
-        .await;
+    let s = second_host(&cfg).await;
     assert_eq!(
         (s.processed, s.duplicates, s.duplicates_looked_up, s.retried),
         (2, N as u64 - 1, N as u64 - 2, 0),
         "{s}"
     );
-    second.stop().await;
     // evt_5 credited account 5 a third time.
     assert_eq!(db.balance(5).await, Some(3));
     assert_eq!(db.receipts("credit-projector").await, N + 1);

@@ -2,7 +2,7 @@
 //! committed costs on a host that has just started (it remembers no
 //! commit), next to a processed message, both timed in this one process.
 
-use super::rows::{RowDb, start_host, stream_of, total_balance};
+use super::rows::{RowDb, publish_all, start_host, stream_of, total_balance};
 use super::*;
 
 /// One host processes the row's N messages (timed), stops; the same N
@@ -18,23 +18,7 @@ pub(super) async fn copies_after_a_restart(spec: &Spec, module: PathBuf) -> Resu
     let row_db = RowDb::new(spec).await?;
     stream_of(&js, row, Order::None, 1, messages.clone()).await?;
     let processed_secs = drain(spec, &module, &row_db.url, |s| s.processed).await?;
-    let acks: Vec<_> = futures::stream::iter(messages)
-        .map(|(subject, p)| {
-            let js = js.clone();
-            async move {
-                js.publish(subject, p.into())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e}"))
-            }
-        })
-        .buffer_unordered(256)
-        .collect()
-        .await;
-    for ack in acks {
-        ack?;
-    }
+    publish_all(&js, messages).await?;
     let secs = drain(spec, &module, &row_db.url, |s| s.duplicates).await?;
     let db = Database::connect(&row_db.url, 1).await?;
     let total = total_balance(&db).await?;

@@ -360,13 +360,19 @@ fn in_child(spec: &Spec) -> Result<Measured> {
     }
 }
 
-/// Runs the copies-after-a-restart row `spec` (`batched`: the label's
-/// batch part), prints it, and adds what one copy cost next to one
-/// processed message, both timed in that row, to `costs`.
-fn copies_row(table: &Table, spec: &Spec, batched: &str, costs: &mut Vec<(String, usize, f64)>) {
+/// Runs the copies-after-a-restart row `spec` with `batch`, prints it,
+/// and adds what one copy cost next to one processed message, both timed
+/// in that row, to `costs`.
+fn copies_row(table: &Table, mut spec: Spec, batch: usize, costs: &mut Vec<(String, usize, f64)>) {
+    spec.batch = batch;
+    let batched = if batch > 1 {
+        format!(", batch {batch}")
+    } else {
+        String::new()
+    };
     let (label, cs) = (spec.db.label(), spec.concurrency.to_string());
     let row = format!("idem, Rust{batched}, copies after a restart");
-    match in_child(spec) {
+    match in_child(&spec) {
         Ok(m) => {
             table.line(&row, label, &cs, &m);
             if let Some(p) = m.processed_secs {
@@ -503,6 +509,9 @@ async fn bench() -> Result<()> {
     }
     let mut spec = specs(n, nats.url(), 1, pg_admin.clone(), cache.path());
     let rust = guests_dir().join("credit.wasm");
+    let copies = || What::Copies {
+        module: rust.clone(),
+    };
 
     println!(
         "{n} messages per row, {} cores; latency: p50 / p99 in ms (D: one transaction; native and idem: publish to COMMIT at half the row's rate)",
@@ -545,21 +554,9 @@ async fn bench() -> Result<()> {
             };
             table.line("D", label, &cs, &d);
             if only == Some("copies") {
-                let mut copies_spec = spec(
-                    What::Copies {
-                        module: rust.clone(),
-                    },
-                    db,
-                    c,
-                );
-                copies_row(&table, &copies_spec, "", &mut duplicate_costs);
-                copies_spec.batch = BATCH;
-                copies_row(
-                    &table,
-                    &copies_spec,
-                    &format!(", batch {BATCH}"),
-                    &mut duplicate_costs,
-                );
+                for batch in [1, BATCH] {
+                    copies_row(&table, spec(copies(), db, c), batch, &mut duplicate_costs);
+                }
                 continue;
             }
             let host = |module: PathBuf, native, duplicates| What::Host {
@@ -668,20 +665,7 @@ async fn bench() -> Result<()> {
                     c,
                     duplicate_cost(n, m.rate, d.secs),
                 ));
-                let mut copies_spec = spec(
-                    What::Copies {
-                        module: rust.clone(),
-                    },
-                    db,
-                    c,
-                );
-                copies_spec.batch = BATCH;
-                copies_row(
-                    &table,
-                    &copies_spec,
-                    &format!(", batch {BATCH}"),
-                    &mut duplicate_costs,
-                );
+                copies_row(&table, spec(copies(), db, c), BATCH, &mut duplicate_costs);
                 table.d = d_unbatched;
             }
             if let Some(processed_rate) = rust_rate {
@@ -694,14 +678,7 @@ async fn bench() -> Result<()> {
                     c,
                     duplicate_cost(n, processed_rate, m.secs),
                 ));
-                let copies_spec = spec(
-                    What::Copies {
-                        module: rust.clone(),
-                    },
-                    db,
-                    c,
-                );
-                copies_row(&table, &copies_spec, "", &mut duplicate_costs);
+                copies_row(&table, spec(copies(), db, c), 1, &mut duplicate_costs);
             }
         }
     }

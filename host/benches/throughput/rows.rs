@@ -107,6 +107,15 @@ pub(super) async fn stream_of(
         ..Default::default()
     })
     .await?;
+    publish_all(js, messages).await
+}
+
+/// Publishes `messages` (subject, payload) without `Nats-Msg-Id`, 256 at
+/// a time, and waits for every PubAck.
+pub(super) async fn publish_all(
+    js: &jetstream::Context,
+    messages: Vec<(String, String)>,
+) -> Result<()> {
     let acks: Vec<_> = futures::stream::iter(messages)
         .map(|(subject, p)| {
             let js = js.clone();
