@@ -71,6 +71,16 @@ impl Pipeline {
             && batch
                 .iter()
                 .any(|(d, id)| self.worth_a_lookup(d.delivered, id));
+        // The members are kept in progress from here (the lookup may take a
+        // quarter of `ack_wait`), until the batch's own keep-alives start.
+        let kept_while_looked_up: Vec<broker::InProgress> = if looked_up {
+            batch
+                .iter()
+                .map(|(d, _)| broker::InProgress::start(d.msg.clone(), self.config.ack_wait))
+                .collect()
+        } else {
+            Vec::new()
+        };
         if looked_up {
             let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;
             if !found.is_empty() {
@@ -114,6 +124,7 @@ impl Pipeline {
                 ))
             })
             .collect();
+        drop(kept_while_looked_up);
         let mut again = Vec::new();
         let mut pending: Vec<usize> = (0..batch.len()).collect();
         // Messages a transaction deferred (its time budget ran out) go on

@@ -26,16 +26,16 @@ use tracing::Instrument as _;
 pub const LOOKUP_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether copies are arriving now: a duplicate turned up (found by a
-/// transaction's receipt insert, a read of a remembered receipt, or a
-/// lookup), and no lookup has found none since. Copies come in runs: a
+/// transaction's receipt insert or by a lookup), and no lookup has found
+/// none since. Copies come in runs: a
 /// redelivery after a crash, a producer sending a range again, a consumer
 /// reset.
 #[derive(Debug, Default)]
 pub struct CopiesArriving(AtomicBool);
 
 impl CopiesArriving {
-    /// A duplicate turned up without a lookup (a receipt insert, or a read
-    /// of a remembered receipt, found the receipt).
+    /// A duplicate turned up without a lookup (a transaction's receipt
+    /// insert found the receipt).
     pub fn found_without_lookup(&self) {
         self.0.store(true, Relaxed);
     }

@@ -58,9 +58,9 @@ pub(super) async fn consume(
         };
         let Ok(slot) = slot else { break };
         if !gate.is_up() {
-            // What the loop took from the pull is left to `ack_wait`, as
-            // the pull's buffer is.
-            looked_up.clear();
+            // What the loop took from the pull stays kept in progress, as
+            // a delivery held through an outage is: it runs when the
+            // database is back, with no delivery spent.
             deliveries.pause();
             if !gate.ready().await {
                 break;
