@@ -39,6 +39,8 @@
 //!   B with plain acks. **batch "auto"** (Rust): `batch = "auto"` with the
 //!   same pull settings; its latency row is the one to read next to the
 //!   unbatched row's (an idle stream's message runs alone at once).
+//!   `IDEM_BENCH_ONLY=batch` runs B, D, native, Rust and the batched rows
+//!   (batch 64 and "auto") alone.
 //! - **key lanes** (Rust): `order_key = "json:/account_id"` (the credits
 //!   spread over 1,000 accounts), so every message goes through its
 //!   account's lane.
@@ -574,9 +576,10 @@ async fn bench() -> Result<()> {
             }
             let only_lanes = only == Some("lanes");
             let only_rust = only == Some("rust");
+            let only_batch = only == Some("batch");
             let mut rust_rate = None;
             for (lang, file) in COMPONENTS {
-                if (only_lanes || only_rust) && file != "credit.wasm" {
+                if (only_lanes || only_rust || only_batch) && file != "credit.wasm" {
                     continue;
                 }
                 let module = guests_dir().join(file);
@@ -595,7 +598,7 @@ async fn bench() -> Result<()> {
                 }
                 table.line(&format!("idem, {lang}"), label, &cs, &m);
             }
-            if let Some(unordered) = rust_rate.filter(|_| !only_rust) {
+            if let Some(unordered) = rust_rate.filter(|_| !only_rust && !only_batch) {
                 // As many slots in all as the compared rows, at least one
                 // in each partition.
                 let each = (c / PARTITIONS as usize).max(1);
@@ -650,6 +653,9 @@ async fn bench() -> Result<()> {
                 auto_spec.auto_batch = true;
                 let auto = in_child(&auto_spec)?;
                 table.line("idem, Rust, batch \"auto\"", label, &cs, &auto);
+                if only_batch {
+                    continue;
+                }
                 let mut dup_spec = spec(host(rust.clone(), false, true), db, c);
                 dup_spec.batch = BATCH;
                 let d = in_child(&dup_spec)?;
@@ -694,7 +700,7 @@ async fn bench() -> Result<()> {
             "- {db}, concurrency {c}: batch {BATCH} runs {gain:.1} × the unbatched Rust rate, {of_b:.2} × B (plain ack)"
         );
     }
-    if matches!(only, Some("lanes" | "rust" | "copies")) {
+    if matches!(only, Some("lanes" | "rust" | "copies" | "batch")) {
         return Ok(());
     }
     let behave = guests_dir().join("behave.wasm");
