@@ -71,49 +71,9 @@ impl Pipeline {
             && batch
                 .iter()
                 .any(|(d, id)| self.worth_a_lookup(d.delivered, id));
-        // The members are kept in progress from here (the lookup may take a
-        // quarter of `ack_wait`), until the batch's own keep-alives start.
-        let kept_while_looked_up: Vec<broker::InProgress> = if looked_up {
-            batch
-                .iter()
-                .map(|(d, _)| broker::InProgress::start(d.msg.clone(), self.config.ack_wait))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if looked_up {
-            let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;
-            if !found.is_empty() {
-                let (dups, rest): (Vec<_>, Vec<_>) =
-                    batch.into_iter().partition(|(_, id)| found.contains(id));
-                acked = dups.iter().map(|(d, _)| d.msg).collect();
-                let dups: Vec<(Message, String)> = dups
-                    .into_iter()
-                    .map(|(d, id)| (d.msg.clone(), id))
-                    .collect();
-                self.ack_duplicates(&dups, unsettled).await;
-                batch = rest;
-            }
-        }
-        if batch.len() < 2 {
-            for msg in msgs {
-                if acked.iter().any(|a| std::ptr::eq(*a, msg)) {
-                    continue;
-                }
-                // A member the lookup found new is not looked up again.
-                let member = batch.iter().any(|(d, _)| std::ptr::eq(d.msg, msg));
-                if looked_up && member {
-                    if !matches!(self.process_looked_up(msg).await, Outcome::Unsettled(_)) {
-                        unsettled.settled(msg);
-                    }
-                } else {
-                    self.process_alone(msg, unsettled).await;
-                }
-            }
-            return;
-        }
         // Every delivery of the batch stays ours until it is settled (its
-        // keep-alive ends then, so a nak's delay holds), also while it
+        // keep-alive ends then, so a nak's delay holds), from before its
+        // lookup (which may take a quarter of `ack_wait`), also while it
         // waits to run again alone after the batch.
         let mut keep: Vec<Option<broker::InProgress>> = batch
             .iter()
@@ -124,7 +84,35 @@ impl Pipeline {
                 ))
             })
             .collect();
-        drop(kept_while_looked_up);
+        if looked_up {
+            let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;
+            if !found.is_empty() {
+                let (dups, rest): (Vec<_>, Vec<_>) = batch
+                    .into_iter()
+                    .zip(keep)
+                    .partition(|((_, id), _)| found.contains(id));
+                acked = dups.iter().map(|((d, _), _)| d.msg).collect();
+                let dups: Vec<(Message, String)> = dups
+                    .into_iter()
+                    .map(|((d, id), _)| (d.msg.clone(), id))
+                    .collect();
+                self.ack_duplicates(&dups, unsettled).await;
+                (batch, keep) = rest.into_iter().unzip();
+            }
+        }
+        if batch.len() < 2 {
+            drop(keep);
+            for msg in msgs {
+                if acked.iter().any(|a| std::ptr::eq(*a, msg)) {
+                    continue;
+                }
+                // A member the lookup found new is not looked up again.
+                let member = batch.iter().any(|(d, _)| std::ptr::eq(d.msg, msg));
+                self.process_alone(msg, unsettled, looked_up && member)
+                    .await;
+            }
+            return;
+        }
         let mut again = Vec::new();
         let mut pending: Vec<usize> = (0..batch.len()).collect();
         // Messages a transaction deferred (its time budget ran out) go on
@@ -142,17 +130,21 @@ impl Pipeline {
         again.extend(pending);
         for i in again {
             keep[i] = None;
-            self.process_alone(batch[i].0.msg, unsettled).await;
+            self.process_alone(batch[i].0.msg, unsettled, false).await;
         }
         for msg in alone {
-            self.process_alone(msg, unsettled).await;
+            self.process_alone(msg, unsettled, false).await;
         }
     }
 
-    /// [`Pipeline::process`], then `msg` crossed off `unsettled` unless it
-    /// was left unsettled.
-    async fn process_alone(&self, msg: &Message, unsettled: &Unsettled) {
-        if !matches!(self.process(msg).await, Outcome::Unsettled(_)) {
+    /// [`Pipeline::process`] (or, when a lookup has just found it new,
+    /// [`Pipeline::process_looked_up`]), then `msg` crossed off `unsettled`
+    /// unless it was left unsettled.
+    async fn process_alone(&self, msg: &Message, unsettled: &Unsettled, looked_up: bool) {
+        if !matches!(
+            self.process_delivery(msg, looked_up).await,
+            Outcome::Unsettled(_)
+        ) {
             unsettled.settled(msg);
         }
     }

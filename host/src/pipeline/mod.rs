@@ -177,7 +177,9 @@ impl Pipeline {
         self.process_delivery(msg, true).await
     }
 
-    async fn process_delivery(&self, msg: &Message, looked_up: bool) -> Outcome {
+    /// [`Pipeline::process`]; `looked_up`: a receipt lookup has just found
+    /// `msg` new, so it is not looked up again.
+    pub(super) async fn process_delivery(&self, msg: &Message, looked_up: bool) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
         let _in_flight = self.handler.stats().in_flight();
         let d = match Delivery::of(msg, self.config().partitions.is_some()) {
