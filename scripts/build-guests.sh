@@ -95,3 +95,13 @@ for c in "${components[@]}"; do
     mv -f "$dst.tmp" "$dst"
     echo "build-guests: $dst"
 done
+
+# The behave test guest once more with DWARF debug info (cargo's dev
+# profile), for the test that a trap names its source line:
+# guests/debug/behave.wasm.
+cargo build --target wasm32-unknown-unknown -p behave
+mkdir -p "$out/debug"
+"$wasm_tools" component new "$target_dir/wasm32-unknown-unknown/debug/behave.wasm" -o "$out/debug/behave.wasm.tmp"
+"$wasm_tools" validate "$out/debug/behave.wasm.tmp"
+mv -f "$out/debug/behave.wasm.tmp" "$out/debug/behave.wasm"
+echo "build-guests: $out/debug/behave.wasm"

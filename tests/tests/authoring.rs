@@ -12,12 +12,17 @@ use std::path::Path;
 /// A config with handler `h` on the behave guest over `accounts`
 /// (the credit example's migrations), identity `json:/id`.
 fn config(dir: &Path) -> String {
+    config_on(dir, &guest("behave"))
+}
+
+/// [`config`] on `module`.
+fn config_on(dir: &Path, module: &Path) -> String {
     let cfg = dir.join("idem.toml");
     std::fs::write(
         &cfg,
         format!(
             "[broker]\nurl = \"nats://127.0.0.1:1\"\n[[handler]]\nname = \"h\"\nmodule = \"{}\"\nstream = \"S\"\nsubjects = [\"s.in\"]\nidentity = \"json:/id\"\ntables = [\"accounts\"]\nmigrations = \"{}\"\n",
-            guest("behave").display(),
+            module.display(),
             root().join("examples/credit/migrations").display()
         ),
     )
@@ -291,4 +296,48 @@ async fn fixtures_are_checked_three_ways_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixtures_are_checked_three_ways_postgres() {
     fixtures_are_checked_three_ways(Backend::Postgres).await;
+}
+
+/// A guest built with DWARF debug info (scripts/build-guests.sh:
+/// `guests/debug/behave.wasm`) names the function and source line of its
+/// trap; the same guest built without names neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_names_its_source_line() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let source = root()
+        .join("tests/guests/behave/src/lib.rs")
+        .canonicalize()
+        .unwrap();
+    let line = std::fs::read_to_string(&source)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains(r#""trap" => panic!("asked to trap")"#))
+        .unwrap()
+        + 1;
+    let trap = message(dir.path(), "trap.json", r#"{"id": "t-1", "op": "trap"}"#);
+    let debug = idem_test_support::guests_dir().join("debug/behave.wasm");
+    let cfg = config_on(dir.path(), &debug);
+    let (code, out, err) = idem(&db, &["invoke", "--config", &cfg, "h", &trap]);
+    assert_eq!(code, 2, "stderr: {err}\n{out}");
+    let verdict = out.lines().find(|l| l.starts_with("verdict ")).unwrap();
+    let at = format!(
+        "verdict    trap: wasm trap: wasm `unreachable` instruction executed (in behave at {}:{line}:19); the guest last logged: guest panicked at ",
+        source.display()
+    );
+    assert!(
+        verdict.starts_with(&at),
+        "{verdict}\nexpected it to start with\n{at}"
+    );
+
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let cfg = config(&plain);
+    let (code, out, _) = idem(&db, &["invoke", "--config", &cfg, "h", &trap]);
+    assert_eq!(code, 2);
+    let verdict = out.lines().find(|l| l.starts_with("verdict ")).unwrap();
+    assert!(
+        verdict.starts_with("verdict    trap: wasm trap: wasm `unreachable` instruction executed; the guest last logged: "),
+        "{verdict}"
+    );
 }

@@ -12,6 +12,7 @@ pub mod run_fixtures;
 
 use crate::config::{Config, ConfigError, HandlerConfig};
 use crate::pipeline::step::PreparedHandler;
+use crate::runtime::options::RuntimeOptions;
 use crate::runtime::{GuestMessage, LoadOptions, Runtime};
 use crate::store::Database;
 use anyhow::Context as _;
@@ -60,8 +61,16 @@ impl Workbench {
                 names.join(", ")
             );
         };
-        let runtime =
-            Arc::new(Runtime::with_capacity(1).context("cannot start the WebAssembly runtime")?);
+        // The config's runtime (its cache too), with room for what a
+        // JavaScript or Python component instantiates, and traps always
+        // naming their source line.
+        let options = RuntimeOptions {
+            trap_source_lines: true,
+            ..RuntimeOptions::of(&config, crate::runtime::DEFAULT_CAPACITY)
+        };
+        let runtime = Arc::new(
+            Runtime::with_options(&options).context("cannot start the WebAssembly runtime")?,
+        );
         let component = runtime
             .load(&handler.module, LoadOptions { wasi: handler.wasi })
             .map_err(|e| anyhow::anyhow!("handler `{}`: {e}", handler.name))?;

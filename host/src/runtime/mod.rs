@@ -298,6 +298,14 @@ impl Runtime {
         config
             .wasm_component_model(true)
             .epoch_interruption(true)
+            // A trap names the source line when the component carries
+            // DWARF (a guest built with debug info); one without has none
+            // to read, and pays nothing.
+            .wasm_backtrace_details(if options.trap_source_lines {
+                wasmtime::WasmBacktraceDetails::Enable
+            } else {
+                wasmtime::WasmBacktraceDetails::Disable
+            })
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let cache = match &options.cache_dir {
             Some(dir) => Some(cache::CompiledCache::open(dir)?),
@@ -665,17 +673,42 @@ fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Limits) -> St
                 Some(trap) => trap.to_string(),
                 None => load::one_line(e),
             };
-            let at = e.downcast_ref::<wasmtime::WasmBacktrace>().and_then(|bt| {
-                bt.frames()
-                    .iter()
-                    .find_map(|f| f.func_name().map(str::to_string))
-            });
-            match at {
-                Some(func) => format!("{what} (in {func})"),
+            match e
+                .downcast_ref::<wasmtime::WasmBacktrace>()
+                .and_then(trap_site)
+            {
+                Some(at) => format!("{what} ({at})"),
                 None => what,
             }
         }
     }
+}
+
+/// Where in the guest a trap happened, as `in FUNC` or, when the component
+/// carries DWARF, `in FUNC at FILE:LINE:COL`: the innermost frame of the
+/// guest's own code, past the frames of Rust's standard library (a panic's
+/// machinery, whose files are under `/rustc/`) and of a toolchain's
+/// libraries (under `.cargo/registry`); without a source line, the
+/// innermost frame with a name. Escaped for a log line.
+fn trap_site(bt: &wasmtime::WasmBacktrace) -> Option<String> {
+    let library = |file: &str| file.starts_with("/rustc/") || file.contains("/.cargo/registry/");
+    let with_line = bt.frames().iter().find_map(|f| {
+        f.symbols().iter().find_map(|s| {
+            let file = s.file()?;
+            let line = s.line()?;
+            (!library(file)).then(|| {
+                let func = s.name().or(f.func_name()).unwrap_or("?");
+                let col = s.column().map(|c| format!(":{c}")).unwrap_or_default();
+                format!("in {func} at {file}:{line}{col}")
+            })
+        })
+    });
+    let site = with_line.or_else(|| {
+        bt.frames()
+            .iter()
+            .find_map(|f| f.func_name().map(|n| format!("in {n}")))
+    })?;
+    Some(crate::log_format::escape(&site).into_owned())
 }
 
 /// Cuts a guest's reason to [`MAX_REASON_BYTES`] on a char boundary.

@@ -26,6 +26,9 @@ pub struct RuntimeOptions {
     pub decommit_budget_bytes: usize,
     /// The most code one component may bring to compile.
     pub compile: CompileLimits,
+    /// Whether traps name their source line from the component's DWARF
+    /// (`[runtime] trap_source_lines`). Default true.
+    pub trap_source_lines: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -36,6 +39,7 @@ impl Default for RuntimeOptions {
             largest_memory_bytes: super::Limits::default().max_memory_bytes,
             decommit_budget_bytes: DECOMMIT_BUDGET_BYTES,
             compile: CompileLimits::default(),
+            trap_source_lines: true,
         }
     }
 }
@@ -58,6 +62,7 @@ impl RuntimeOptions {
             decommit_budget_bytes: (config.runtime.freed_memory_mib as usize)
                 .saturating_mul(1 << 20),
             compile: config.runtime.compile_limits(),
+            trap_source_lines: config.runtime.trap_source_lines,
         }
     }
 }
