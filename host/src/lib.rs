@@ -24,6 +24,7 @@ pub mod progress;
 pub mod publish;
 pub mod retention;
 pub mod runtime;
+pub mod scaffold;
 pub mod secret;
 pub mod service;
 pub mod sql_guard;
