@@ -1,6 +1,6 @@
 //! `idem new NAME --lang LANG [--strategy S] [--dir PATH]`: a handler folder
 //! from the templates inside the binary ([`crate::scaffold`]; ARCHITECTURE.md,
-//! "Writing a handler: `idem new`"). Contacts nothing.
+//! "Handler scaffolding"). Contacts nothing.
 
 use crate::scaffold::{self, Lang, Strategy};
 use clap::Args;

@@ -1,5 +1,5 @@
 //! `idem new`: a handler folder rendered from templates shipped inside the
-//! binary (ARCHITECTURE.md, "Writing a handler: `idem new`").
+//! binary (ARCHITECTURE.md, "Handler scaffolding").
 //!
 //! `host/templates/` holds, embedded at build time:
 //! - `strategies/<strategy>/`: each strategy described once:

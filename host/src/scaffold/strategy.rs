@@ -1,7 +1,7 @@
 //! A strategy's description (`host/templates/strategies/<name>/strategy.toml`):
 //! its payload fields and its statements with their parameters, described
-//! once and rendered into every language's source (ARCHITECTURE.md, "Writing
-//! a handler: `idem new`").
+//! once and rendered into every language's source (ARCHITECTURE.md,
+//! "Handler scaffolding").
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
