@@ -409,12 +409,8 @@ fn describe(path: &str, lang: Lang) -> Option<&'static str> {
         ".gitignore" => return None,
         p if p.starts_with("migrations/") => "the tables, valid SQL on PostgreSQL and SQLite",
         p if p.starts_with("messages/") => "a sample message for `idem invoke`",
-        p if p.starts_with("idem-guest/") && lang == Lang::Rust => {
-            if p == "idem-guest/Cargo.toml" {
-                "idem's Rust guest SDK, copied (bindings and API)"
-            } else {
-                return None;
-            }
+        "idem-guest/Cargo.toml" if lang == Lang::Rust => {
+            "idem's Rust guest SDK, copied (bindings and API)"
         }
         "bindings/handler.c" => "the world's C bindings (wit-bindgen 0.61)",
         "bindings/handler.h" => return None,
