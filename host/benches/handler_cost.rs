@@ -474,6 +474,7 @@ impl Bench<'_> {
                     guard: self.guard.clone(),
                     limits: self.limits.clone(),
                     stats: Arc::default(),
+                    rehearsal: None,
                 };
                 let msg = GuestMessage {
                     message_id: m.id,

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod authoring;
 pub mod backoff;
 pub mod broker;
 pub mod cli;
@@ -39,6 +40,11 @@ pub mod store;
 /// still show.
 pub const DEFAULT_LOG_FILTER: &str = "info,async_nats=warn,sqlx::postgres::notice=warn";
 
+/// The default filter of the authors' commands (`idem invoke`, `idem
+/// test`): their report is on stdout, and the guest's lines are in it, so
+/// only warnings of the host go to stderr.
+pub const QUIET_LOG_FILTER: &str = "warn,idem::guest=off,sqlx::postgres::notice=error";
+
 /// How log lines are written (`idem --log-format`, or `IDEM_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
@@ -54,12 +60,12 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr in `format`, filtered by `RUST_LOG` (default
-/// [`DEFAULT_LOG_FILTER`]). Whatever the fields hold, a line stays one line
+/// `default_filter`, [`DEFAULT_LOG_FILTER`] or [`QUIET_LOG_FILTER`]). Whatever the fields hold, a line stays one line
 /// with no control bytes in it, of bounded length ([`log_format`]).
-pub fn init_tracing(format: LogFormat) {
+pub fn init_tracing(format: LogFormat, default_filter: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

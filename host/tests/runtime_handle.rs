@@ -67,6 +67,7 @@ fn invocation(limits: Limits) -> Invocation {
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
         stats: Arc::default(),
+        rehearsal: None,
     }
 }
 

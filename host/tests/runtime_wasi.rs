@@ -68,6 +68,7 @@ fn invocation(handler: &str, message_id: &str, limits: Limits) -> Invocation {
         guard: Arc::new(SqlGuard::new(DbKind::Sqlite, &["accounts".to_string()])),
         limits,
         stats: Arc::default(),
+        rehearsal: None,
     }
 }
 

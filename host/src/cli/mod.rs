@@ -2,7 +2,8 @@
 //! `idem config check` ([`config`]), `idem check` ([`check`]), `idem new` ([`new`]), the operator commands `idem dlq …`
 //! ([`dlq`]), `idem outbox …` ([`outbox`]), `idem receipts …` ([`receipts`]) and `idem replay`
 //! ([`replay`]) on [`crate::admin`], and `idem deploy`, `status`, `keygen`
-//! ([`deploy`]). Each command's arguments are in its file; the flags they
+//! ([`deploy`]), and the authors' commands `idem invoke` ([`invoke`]) and
+//! `idem test` ([`fixture_test`]) on [`crate::authoring`]. Each command's arguments are in its file; the flags they
 //! share ([`ConfigArg`]) are defined here, once. Nothing outside this folder
 //! imports it but the binary.
 
@@ -10,6 +11,8 @@ pub mod check;
 pub mod config;
 pub mod deploy;
 pub mod dlq;
+pub mod fixture_test;
+pub mod invoke;
 pub mod new;
 pub mod outbox;
 pub mod receipts;
@@ -90,6 +93,14 @@ pub enum Command {
     /// digest, compile time) and, with --config and --handler, check that
     /// the handler's settings allow it (contacts nothing).
     Check(check::CheckArgs),
+    /// Run one message through a handler on the configured database,
+    /// without a broker, and show every statement it sent and what came
+    /// back; rolled back unless --commit.
+    Invoke(invoke::InvokeArgs),
+    /// Check a handler against a fixtures file: each fixture's messages,
+    /// then each again as a redelivery and as a retry after a failed
+    /// attempt, must leave the expected rows (nothing is kept).
+    Test(fixture_test::TestArgs),
     /// Make a deploy key (or, with --host, a host key): writes its seed to
     /// a new file (mode 0600) and prints its public key, for `[deploy]
     /// trusted_keys` (or `trusted_hosts`).
@@ -120,7 +131,11 @@ pub async fn main() -> i32 {
     if matches!(cli.command, Command::Run { .. }) {
         ignore_sigpipe();
     }
-    crate::init_tracing(cli.log_format);
+    let filter = match cli.command {
+        Command::Invoke(_) | Command::Test(_) => crate::QUIET_LOG_FILTER,
+        _ => crate::DEFAULT_LOG_FILTER,
+    };
+    crate::init_tracing(cli.log_format, filter);
     let result = match cli.command {
         Command::Run { config, drain } => run::run(&config, drain).await,
         Command::Publish(args) => crate::publish::run(args).await,
@@ -135,6 +150,8 @@ pub async fn main() -> i32 {
         Command::Status(args) => deploy::status(args).await,
         Command::Keygen(args) => deploy::keygen(&args),
         Command::Check(args) => return check::run(&args),
+        Command::Invoke(args) => return exit_code(invoke::run(args).await),
+        Command::Test(args) => return exit_code(fixture_test::run(args).await),
         Command::New(args) => new::run(&args),
     };
     match result {
@@ -193,6 +210,14 @@ fn usage_error(e: &clap::Error) -> i32 {
         text.split_whitespace().collect::<Vec<_>>().join(" ")
     );
     1
+}
+
+/// A command's own exit code, or 1 with its error on one line.
+fn exit_code(result: anyhow::Result<i32>) -> i32 {
+    result.unwrap_or_else(|e| {
+        eprintln!("idem: {}", one_line(&e));
+        1
+    })
 }
 
 fn one_line(e: &anyhow::Error) -> String {

@@ -45,6 +45,7 @@ pub mod db_gate;
 pub mod fault;
 pub mod lookup;
 pub mod message_id;
+pub mod rehearse;
 pub mod step;
 mod unsettled;
 pub mod verdict;

@@ -24,6 +24,7 @@
 use crate::config::HandlerConfig;
 use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
 use crate::runtime::component_slot::ComponentSlot;
+use crate::runtime::rehearsal::Rehearsal;
 use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
 use crate::sql_guard::SqlGuard;
 use crate::store::{Database, Receipt, StoreError, Tx};
@@ -166,6 +167,22 @@ impl PreparedHandler {
         &self.slot
     }
 
+    /// The role the guest's statements run as (PostgreSQL, when one could
+    /// be set up).
+    pub(super) fn role(&self) -> Option<&str> {
+        self.role.as_deref()
+    }
+
+    /// The SQL guard for the handler's granted tables.
+    pub(super) fn guard(&self) -> &SqlGuard {
+        &self.guard
+    }
+
+    /// Bound on each statement of the transaction.
+    pub(super) fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
     /// The runtime the handler's components are loaded into (a new version
     /// must be loaded by the same one).
     pub fn runtime(&self) -> &Arc<Runtime> {
@@ -285,7 +302,7 @@ impl PreparedHandler {
         tx: Tx,
         msg: GuestMessage,
     ) -> Result<(Tx, usize), (HandlerFailure, Rollback)> {
-        let (result, tx) = self.call_guest(component, tx, msg).await;
+        let (result, tx) = self.call_guest(component, tx, msg, None).await;
         let failure = match result {
             Ok(rows) => return Ok((tx, rows)),
             Err(failure) => failure,
@@ -419,7 +436,7 @@ impl PreparedHandler {
             }
             let message_id = msg.message_id.clone();
             let started = Instant::now();
-            let (result, mut back) = self.call_guest(&component, tx, msg).await;
+            let (result, mut back) = self.call_guest(&component, tx, msg, None).await;
             let conflict = back.take_conflict();
             let applied = result.is_ok() && !conflict;
             tx = self.end_message(back, applied).await?;
@@ -464,7 +481,7 @@ impl PreparedHandler {
     /// # Errors
     /// The savepoint could not be rolled back or the bound passed: the
     /// transaction is rolled back whole ([`StepFailed`]).
-    async fn end_message(&self, mut tx: Tx, applied: bool) -> Result<Tx, StepFailed> {
+    pub(super) async fn end_message(&self, mut tx: Tx, applied: bool) -> Result<Tx, StepFailed> {
         let bound = self.statement_timeout + Duration::from_secs(5);
         let mut tries = if applied { 1 } else { 2 };
         loop {
@@ -496,12 +513,14 @@ impl PreparedHandler {
 
     /// Calls the guest's `handle` on `msg` inside `tx` and hands `tx` back;
     /// when it succeeded, its outbox calls are stored in `tx` first, and
-    /// `Ok` says how many.
-    async fn call_guest(
+    /// `Ok` says how many. `rehearsal` records the call
+    /// ([`crate::runtime::rehearsal`]).
+    pub(super) async fn call_guest(
         &self,
         component: &HandlerComponent,
         tx: Tx,
         msg: GuestMessage,
+        rehearsal: Option<Arc<Rehearsal>>,
     ) -> (Result<usize, HandlerFailure>, Tx) {
         let message_id = msg.message_id.clone();
         let call = Invocation {
@@ -510,6 +529,7 @@ impl PreparedHandler {
             guard: self.guard.clone(),
             limits: self.limits.clone(),
             stats: self.stats.clone(),
+            rehearsal,
         };
         let (result, mut tx) = self.runtime.handle(component, &call, tx, msg).await;
         let entries = match result {
@@ -535,7 +555,7 @@ impl PreparedHandler {
 
 /// Rolls `tx` back after `step` failed with `error` (a failed rollback only
 /// drops the connection) and says which step failed.
-async fn rolled_back(tx: Tx, step: &'static str, error: StoreError) -> StepFailed {
+pub(super) async fn rolled_back(tx: Tx, step: &'static str, error: StoreError) -> StepFailed {
     if let Err(e) = tx.rollback().await {
         tracing::debug!(%step, error = %e, "rollback after a failed step failed (nothing was committed)");
     }
@@ -543,7 +563,7 @@ async fn rolled_back(tx: Tx, step: &'static str, error: StoreError) -> StepFaile
 }
 
 /// The per-message limits of `cfg` (KiB and MiB turned into bytes).
-fn limits(cfg: &HandlerConfig) -> Limits {
+pub(crate) fn limits(cfg: &HandlerConfig) -> Limits {
     Limits {
         deadline: cfg.deadline,
         max_memory_bytes: (cfg.max_memory_mib as usize).saturating_mul(1024 * 1024),

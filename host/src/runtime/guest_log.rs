@@ -21,6 +21,7 @@
 #![deny(clippy::indexing_slicing, clippy::string_slice)]
 
 use super::bindings::Level;
+use super::rehearsal::Rehearsal;
 use crate::log_format;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -101,6 +102,8 @@ pub(crate) struct GuestLog {
     /// The last [`MAX_REMEMBERED_ERROR_BYTES`] written to stderr, dropped
     /// bytes included: a panic message or traceback comes last.
     stderr_tail: Vec<u8>,
+    /// Also keeps every line logged, for `idem invoke` and `idem test`.
+    rehearsal: Option<Arc<Rehearsal>>,
 }
 
 /// How much of the last error line (or of stderr) is kept to explain a trap.
@@ -119,7 +122,13 @@ impl GuestLog {
             pending: Default::default(),
             last_error: LastError::None,
             stderr_tail: Vec::new(),
+            rehearsal: None,
         }
+    }
+
+    /// Every line logged from now on is also kept in `rehearsal`.
+    pub(crate) fn keep_lines(&mut self, rehearsal: Arc<Rehearsal>) {
+        self.rehearsal = Some(rehearsal);
     }
 
     /// How many bytes of escaped text the next line may have: what is left
@@ -156,6 +165,9 @@ impl GuestLog {
         if dropped > 0 {
             self.dropped_bytes += dropped;
             self.dropped_lines += 1;
+        }
+        if let Some(r) = &self.rehearsal {
+            r.line(level_name(level), &line);
         }
         let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let truncated = dropped > 0;
@@ -234,8 +246,11 @@ impl GuestLog {
         if truncated {
             self.dropped_lines += 1;
         }
-        let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let name = stream.name();
+        if let Some(r) = &self.rehearsal {
+            r.line(name, &line);
+        }
+        let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         match stream {
             Stream::Stdout => {
                 tracing::info!(target: "idem::guest", handler, message_id, stream = name, truncated, "{line}")
@@ -304,6 +319,16 @@ impl GuestLog {
             );
         }
         self.dropped_bytes
+    }
+}
+
+/// A `log` level as `idem invoke` prints it.
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+        Level::Error => "error",
     }
 }
 

@@ -13,6 +13,7 @@
 use super::Limits;
 use super::bindings::{DbError, Level, OutboxError, Rows, Value, handler};
 use super::guest_log::LogSink;
+use super::rehearsal::{Outcome, Rehearsal, Statement};
 use super::wasi::{MessageInputs, WasiState};
 use crate::metrics::HandlerStats;
 use crate::outbox::{OutboxCalls, Refusal};
@@ -54,6 +55,11 @@ pub(crate) struct HostState {
     /// The publishes and calls the guest made, admitted against the
     /// handler's grants; stored in the transaction if `handle` returns ok.
     pub(crate) outbox: OutboxCalls,
+    /// The largest linear memory the guest asked for, in bytes.
+    pub(crate) memory_peak: usize,
+    /// Records what the call does (`idem invoke`, `idem test`); `None` for
+    /// a delivery.
+    pub(crate) rehearsal: Option<Arc<Rehearsal>>,
 }
 
 impl HostState {
@@ -87,7 +93,97 @@ impl HostState {
             wasi_inputs,
             stop: None,
             stats,
+            memory_peak: 0,
+            rehearsal: None,
         }
+    }
+
+    /// Records the call in `rehearsal` (its statements, log lines and the
+    /// limits used) and fails it where the rehearsal says.
+    pub(crate) fn rehearsed(mut self, rehearsal: Option<Arc<Rehearsal>>) -> Self {
+        if let Some(r) = &rehearsal {
+            self.log.lock().keep_lines(r.clone());
+        }
+        self.rehearsal = rehearsal;
+        self
+    }
+
+    /// What the call used of its limits, into its rehearsal (if any).
+    pub(crate) fn record_usage(&self, elapsed: std::time::Duration) {
+        if let Some(r) = &self.rehearsal {
+            let mut rec = r.recorded();
+            rec.statements_used = self.statements;
+            rec.memory_peak_bytes = self.memory_peak;
+            rec.result_bytes = self.result_bytes;
+            rec.elapsed = elapsed;
+        }
+    }
+
+    /// Records statement `call` (`sql`, `params`), which the host refused
+    /// with `error` before it reached the database, when the call is
+    /// rehearsed; then fails the call there if the rehearsal says so.
+    fn refused(
+        &self,
+        call: &'static str,
+        sql: &str,
+        params: Option<Vec<SqlValue>>,
+        error: &DbError,
+    ) -> wasmtime::Result<()> {
+        let Some(r) = &self.rehearsal else {
+            return Ok(());
+        };
+        r.statement(Statement {
+            call,
+            sql: sql.to_owned(),
+            params: params.unwrap_or_default(),
+            outcome: Outcome::Failed {
+                kind: error_kind(error.kind),
+                message: error.message.clone(),
+            },
+        });
+        self.simulated_failure(r)
+    }
+
+    /// The failure `r` asks for after the current statement, if any.
+    fn simulated_failure(&self, r: &Rehearsal) -> wasmtime::Result<()> {
+        if r.fail_after() == Some(self.statements) {
+            return Err(wasmtime::format_err!(
+                "simulated failure after statement {}: the connection was lost",
+                self.statements
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records statement `call` (`sql`, `params`) and what it returned,
+    /// when the call is rehearsed; then, if the rehearsal fails the call
+    /// after this statement, stops it as a lost connection would.
+    fn recorded<T>(
+        &mut self,
+        call: &'static str,
+        sql: &str,
+        params: &[SqlValue],
+        result: &wasmtime::Result<Result<T, DbError>>,
+        outcome: impl FnOnce(&T) -> Outcome,
+    ) -> wasmtime::Result<()> {
+        let Some(r) = &self.rehearsal else {
+            return Ok(());
+        };
+        let outcome = match result {
+            Ok(Ok(v)) => outcome(v),
+            Ok(Err(e)) => Outcome::Failed {
+                kind: error_kind(e.kind),
+                message: e.message.clone(),
+            },
+            Err(e) => Outcome::Stopped(e.to_string()),
+        };
+        r.statement(Statement {
+            call,
+            sql: sql.to_owned(),
+            params: params.to_vec(),
+            outcome,
+        });
+        self.simulated_failure(r)
     }
 
     /// The message was published at `published_ms` (ms since the Unix
@@ -180,43 +276,60 @@ impl handler::types::Host for HostState {}
 impl handler::transaction::Host for HostState {
     async fn execute(
         &mut self,
-        sql: String,
+        text: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<u64, DbError>> {
-        let (sql, params) = match self.admit(&sql, params).await {
+        let given = self.rehearsal.is_some().then(|| values(&params));
+        let (sql, params) = match self.admit(&text, params).await {
             Ok(ok) => ok,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                self.refused("execute", &text, given, &e)?;
+                return Ok(Err(e));
+            }
         };
-        within(
+        let done = within(
             self.deadline,
             &mut self.stop,
             &self.stats,
             self.tx.execute(&sql, &params),
         )
-        .await
+        .await;
+        self.recorded("execute", &text, &params, &done, |n| Outcome::Affected(*n))?;
+        done
     }
 
     async fn query(
         &mut self,
-        sql: String,
+        text: String,
         params: Vec<Value>,
     ) -> wasmtime::Result<Result<Rows, DbError>> {
-        let (sql, params) = match self.admit(&sql, params).await {
+        let given = self.rehearsal.is_some().then(|| values(&params));
+        let (sql, params) = match self.admit(&text, params).await {
             Ok(ok) => ok,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                self.refused("query", &text, given, &e)?;
+                return Ok(Err(e));
+            }
         };
         let max_rows = self.limits.max_rows;
         let left = self
             .limits
             .max_result_bytes
             .saturating_sub(self.result_bytes);
-        let rows = within(
+        let done = within(
             self.deadline,
             &mut self.stop,
             &self.stats,
             self.tx.query(&sql, &params, max_rows, left),
         )
-        .await?;
+        .await;
+        self.recorded("query", &text, &params, &done, |r: &crate::store::Rows| {
+            Outcome::Rows {
+                columns: r.columns.clone(),
+                rows: r.rows.clone(),
+            }
+        })?;
+        let rows = done?;
         if let Ok(rows) = &rows {
             let size: usize = rows.rows.iter().flatten().map(SqlValue::size).sum();
             self.result_bytes = self.result_bytes.saturating_add(size);
@@ -286,6 +399,7 @@ impl wasmtime::ResourceLimiter for HostState {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        self.memory_peak = self.memory_peak.max(desired);
         if desired > self.limits.max_memory_bytes {
             self.stop = Some(Stop::Memory { desired });
             return Err(wasmtime::format_err!(
@@ -304,6 +418,24 @@ impl wasmtime::ResourceLimiter for HostState {
     ) -> wasmtime::Result<bool> {
         // Tables hold function references; no sane guest needs more.
         Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// The guest's parameters as the host converts them, for a rehearsal's
+/// record of a statement the host refused before converting them.
+fn values(params: &[Value]) -> Vec<SqlValue> {
+    params.iter().cloned().map(SqlValue::from).collect()
+}
+
+/// A WIT `db-error-kind` as `idem invoke` prints it.
+fn error_kind(kind: super::bindings::DbErrorKind) -> &'static str {
+    use super::bindings::DbErrorKind as K;
+    match kind {
+        K::UniqueViolation => "unique-violation",
+        K::ConstraintViolation => "constraint-violation",
+        K::Denied => "denied",
+        K::Syntax => "syntax",
+        K::Other => "other",
     }
 }
 

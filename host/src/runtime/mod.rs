@@ -42,6 +42,7 @@ mod load;
 #[cfg(feature = "native-handler")]
 pub mod native;
 pub mod options;
+pub mod rehearsal;
 pub mod wasi;
 mod world_v0_1;
 
@@ -141,6 +142,9 @@ pub struct Invocation {
     /// per-message cap dropped to `log_bytes_dropped`, and the guest
     /// statements that failed on a unique constraint to `unique_violations`.
     pub stats: Arc<crate::metrics::HandlerStats>,
+    /// Records what the call does (`idem invoke`, `idem test`); `None` for
+    /// a delivery ([`rehearsal`]).
+    pub rehearsal: Option<Arc<rehearsal::Rehearsal>>,
 }
 
 /// The message as the guest sees it (the WIT `message` record).
@@ -534,7 +538,8 @@ impl Runtime {
             deadline,
             call.stats.clone(),
         )
-        .published_at(msg.published_ms);
+        .published_at(msg.published_ms)
+        .rehearsed(call.rehearsal.clone());
         let (result, state) = match &component.code {
             Code::Wasm(pre) => self.run_wasm(pre, state, deadline, msg, &limits).await,
             #[cfg(feature = "native-handler")]
@@ -542,6 +547,7 @@ impl Runtime {
                 native::run(native.as_ref(), state, deadline, msg, &limits).await
             }
         };
+        state.record_usage(now.elapsed());
         let dropped = state.log.lock().finish();
         call.stats
             .log_bytes_dropped

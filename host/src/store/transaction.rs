@@ -105,6 +105,17 @@ impl Tx {
         Ok(dispatch!(&mut self.0, t => t.enter_role(role).await)?)
     }
 
+    /// Makes the host's own user the one the next statements run as: on
+    /// PostgreSQL leaves the handler's role when a guest statement entered
+    /// it (it is entered again before the next guest statement). Nothing on
+    /// SQLite.
+    ///
+    /// # Errors
+    /// The switch back cannot be sent (the transaction is then unusable).
+    pub(crate) async fn host_turn(&mut self) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.host_turn().await)?)
+    }
+
     /// SQLite only: compiles `sql` on this transaction's connection with
     /// `authorize` consulted for everything it would touch, without running
     /// it (see [`sqlite_raw::compile_judged`]).

@@ -1,0 +1,139 @@
+//! What one guest call did, recorded for `idem invoke` and `idem test`
+//! (ARCHITECTURE.md, "Rehearsals"): every statement with its parameters and
+//! what came back, the guest's log lines, and the limits it used. A
+//! [`Rehearsal`] is given to a call through [`super::Invocation`]; the
+//! pipeline never gives one, so a delivery records nothing.
+//!
+//! A rehearsal can also make the call fail as a lost connection would
+//! after a given statement ([`Rehearsal::failing_after`]): the statement
+//! runs, then the guest is stopped and the transaction rolled back, which
+//! is how `idem test` tries a retry after a failed first attempt.
+
+use crate::sql_value::SqlValue;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The most statements one rehearsal keeps; later ones are counted in
+/// [`Recorded::statements_used`] only.
+pub const MAX_RECORDED_STATEMENTS: usize = 1000;
+
+/// What came back from one statement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// `execute`: the rows affected.
+    Affected(u64),
+    /// `query`: the column names and the rows returned.
+    Rows {
+        /// Column names, in order.
+        columns: Vec<String>,
+        /// The rows, each as many values as `columns`.
+        rows: Vec<Vec<SqlValue>>,
+    },
+    /// The statement failed, or the host refused it (`kind` `denied`); the
+    /// guest got this error.
+    Failed {
+        /// `unique-violation`, `constraint-violation`, `denied`, `syntax`
+        /// or `other` (the WIT `db-error-kind`).
+        kind: &'static str,
+        /// The database's or the host's message, as the guest got it.
+        message: String,
+    },
+    /// The call was stopped during the statement (its deadline, or the
+    /// transaction lost); the guest got no answer.
+    Stopped(String),
+}
+
+/// One statement the guest sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Statement {
+    /// `execute` or `query`.
+    pub call: &'static str,
+    /// The SQL text as the guest sent it.
+    pub sql: String,
+    /// The parameters, in order (`$1`… on PostgreSQL, `?` on SQLite).
+    pub params: Vec<SqlValue>,
+    /// What came back.
+    pub outcome: Outcome,
+}
+
+/// One line of guest output: a `log` call, or a line written to WASI
+/// stdout or stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// `debug`, `info`, `warn`, `error`, `stdout` or `stderr`.
+    pub level: &'static str,
+    /// The line, escaped and cut to the per-message log cap as the host
+    /// logs it.
+    pub text: String,
+}
+
+/// What a rehearsed call did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recorded {
+    /// The statements in the order sent, at most [`MAX_RECORDED_STATEMENTS`].
+    pub statements: Vec<Statement>,
+    /// Statements the guest sent, counted against `max_statements`
+    /// (refused ones included).
+    pub statements_used: u32,
+    /// The guest's output lines, in order.
+    pub log: Vec<LogLine>,
+    /// The largest linear memory the guest asked for, in bytes (0 when it
+    /// never grew one).
+    pub memory_peak_bytes: usize,
+    /// Bytes of values its queries returned.
+    pub result_bytes: usize,
+    /// How long the guest call took, statements included.
+    pub elapsed: Duration,
+}
+
+/// A recorder given to one guest call (see the module docs).
+#[derive(Debug, Default)]
+pub struct Rehearsal {
+    recorded: Mutex<Recorded>,
+    fail_after: Option<u32>,
+}
+
+impl Rehearsal {
+    /// Records only.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records, and fails the call as a lost connection would right after
+    /// its `n`th statement (1-based) has run.
+    pub fn failing_after(n: u32) -> Self {
+        Self {
+            recorded: Mutex::default(),
+            fail_after: Some(n),
+        }
+    }
+
+    /// The statement after which the call is made to fail, if any.
+    pub(crate) fn fail_after(&self) -> Option<u32> {
+        self.fail_after
+    }
+
+    /// What was recorded so far.
+    pub fn recorded(&self) -> MutexGuard<'_, Recorded> {
+        // A poisoned lock only means a panic while recording: keep what is there.
+        self.recorded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a statement (dropped past [`MAX_RECORDED_STATEMENTS`]).
+    pub(crate) fn statement(&self, statement: Statement) {
+        let mut r = self.recorded();
+        if r.statements.len() < MAX_RECORDED_STATEMENTS {
+            r.statements.push(statement);
+        }
+    }
+
+    /// Adds a guest output line.
+    pub(crate) fn line(&self, level: &'static str, text: &str) {
+        self.recorded().log.push(LogLine {
+            level,
+            text: text.to_owned(),
+        });
+    }
+}
