@@ -73,14 +73,27 @@ fn build_as_readme_says(dir: &Path, lang: &str) -> std::path::PathBuf {
     path
 }
 
-/// Where `idem test` runs the folder's fixtures on both databases.
-///
-/// TO DO (once `idem test` is on main): for SQLite and for PostgreSQL
-/// (a throwaway database: `TestDb::new(Backend::Postgres)`), run
-/// `idem test --config idem.toml NAME fixtures.toml` in `dir` with
-/// `IDEM_DATABASE__URL` set to the database's URL, and assert exit 0.
+/// `idem test --config idem.toml NAME fixtures.toml` in `dir`, on SQLite and
+/// on a throwaway PostgreSQL database (`[database] url` overridden by
+/// `IDEM_DATABASE__URL`): every fixture passes on both.
 fn idem_test_fixtures(dir: &Path, name: &str) {
-    let _ = (dir, name);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = rt.block_on(TestDb::new(backend));
+        let cfg = dir.join("idem.toml");
+        let fixtures = dir.join("fixtures.toml");
+        let (code, out, err) = idem_cli(
+            &[
+                "test",
+                "--config",
+                cfg.to_str().unwrap(),
+                name,
+                fixtures.to_str().unwrap(),
+            ],
+            &[("IDEM_DATABASE__URL", &db.url)],
+        );
+        assert_eq!(code, 0, "idem test {name} on {backend:?}:\n{out}{err}");
+    }
 }
 
 /// Makes, builds and tests one handler.
