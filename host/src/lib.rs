@@ -25,6 +25,7 @@ pub mod progress;
 pub mod publish;
 pub mod retention;
 pub mod runtime;
+pub mod scaffold;
 pub mod secret;
 pub mod service;
 pub mod sql_guard;

@@ -1,5 +1,5 @@
 //! Command line: `idem run --config idem.toml` (`run.rs`), `idem publish`,
-//! `idem config check` ([`config`]), `idem check` ([`check`]), the operator commands `idem dlq …`
+//! `idem config check` ([`config`]), `idem check` ([`check`]), `idem new` ([`new`]), the operator commands `idem dlq …`
 //! ([`dlq`]), `idem outbox …` ([`outbox`]), `idem receipts …` ([`receipts`]) and `idem replay`
 //! ([`replay`]) on [`crate::admin`], and `idem deploy`, `status`, `keygen`
 //! ([`deploy`]), and the authors' commands `idem invoke` ([`invoke`]) and
@@ -13,6 +13,7 @@ pub mod deploy;
 pub mod dlq;
 pub mod fixture_test;
 pub mod invoke;
+pub mod new;
 pub mod outbox;
 pub mod receipts;
 pub mod replay;
@@ -104,6 +105,10 @@ pub enum Command {
     /// a new file (mode 0600) and prints its public key, for `[deploy]
     /// trusted_keys` (or `trusted_hosts`).
     Keygen(deploy::KeygenArgs),
+    /// Create a handler folder (source, build script, idem.toml,
+    /// migrations, sample messages, fixtures, README) from the templates
+    /// inside the binary (contacts nothing).
+    New(new::NewArgs),
 }
 
 /// `--config`, as `idem run` takes it: the flag every command on the
@@ -147,6 +152,7 @@ pub async fn main() -> i32 {
         Command::Check(args) => return check::run(&args),
         Command::Invoke(args) => return exit_code(invoke::run(args).await),
         Command::Test(args) => return exit_code(fixture_test::run(args).await),
+        Command::New(args) => new::run(&args),
     };
     match result {
         Ok(()) => 0,
