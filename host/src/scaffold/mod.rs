@@ -17,7 +17,7 @@
 //! JavaScript helpers, so it builds outside this repository.
 //!
 //! Everything is rendered to memory first ([`render`]) and written only then
-//! ([`write`]): a failure leaves nothing half-written.
+//! ([`write()`]): a failure leaves nothing half-written.
 
 pub mod strategy;
 
