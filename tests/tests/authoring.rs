@@ -341,3 +341,82 @@ async fn a_trap_names_its_source_line() {
         "{verdict}"
     );
 }
+
+/// What a fixture or a message cannot be is an error (exit 1, one line),
+/// and an expectation that writes changes nothing.
+async fn bad_inputs_are_errors(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let credit = message(
+        dir.path(),
+        "credit.json",
+        r#"{"id": "m-1", "op": "credit", "account_id": 1, "amount": 2}"#,
+    );
+    let (code, out, err) = idem(
+        &db,
+        &[
+            "invoke",
+            "--config",
+            &cfg,
+            "h",
+            &credit,
+            "--header",
+            "bad:name=1",
+        ],
+    );
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(err.starts_with("idem: header name `bad:name`: "), "{err}");
+    let (code, _, err) = idem(
+        &db,
+        &["invoke", "--config", &cfg, "h", &credit, "--subject", "s.*"],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.trim(),
+        "idem: subject `s.*` has a wildcard; a message's subject is literal"
+    );
+
+    let writes = message(
+        dir.path(),
+        "writes.toml",
+        r#"
+[[fixture]]
+name = "an expectation that writes"
+[[fixture.message]]
+json = { id = "a", op = "credit", account_id = 1, amount = 5 }
+[[fixture.expect]]
+query = "DELETE FROM accounts RETURNING account_id"
+rows = [[1]]
+[[fixture.expect]]
+query = "SELECT account_id, balance FROM accounts"
+rows = [[1, 5]]
+"#,
+    );
+    let (code, out, err) = idem(&db, &["test", "--config", &cfg, "h", &writes]);
+    assert_eq!(code, 0, "stderr: {err}\n{out}");
+    assert_eq!(out.lines().last(), Some("1 fixture(s): 1 passed, 0 failed"));
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM accounts").await, Some(0));
+
+    let subject = message(
+        dir.path(),
+        "subject.toml",
+        "[[fixture]]\nname = \"x\"\n[[fixture.message]]\nsubject = \"t.other\"\npayload = \"{}\"\n",
+    );
+    let (code, out, err) = idem(&db, &["test", "--config", &cfg, "h", &subject]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err.trim(),
+        "idem: fixture `x`, message 1: subject `t.other` is not one handler `h` consumes (s.in); give one of those"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_are_errors_sqlite() {
+    bad_inputs_are_errors(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_are_errors_postgres() {
+    bad_inputs_are_errors(Backend::Postgres).await;
+}

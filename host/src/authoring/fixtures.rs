@@ -128,13 +128,13 @@ impl FixtureFile {
         }
         for f in &file.fixture {
             if f.message.is_empty() {
-                anyhow::bail!("fixture `{}` has no [[fixture.message]]", f.name);
+                anyhow::bail!("fixture `{}` has no [[fixture.message]]", escape(&f.name));
             }
             for (i, m) in f.message.iter().enumerate() {
                 if m.json.is_some() == m.payload.is_some() {
                     anyhow::bail!(
                         "fixture `{}`, message {}: give exactly one of `json` and `payload`",
-                        f.name,
+                        escape(&f.name),
                         i + 1
                     );
                 }
@@ -143,7 +143,12 @@ impl FixtureFile {
                 for row in &e.rows {
                     for v in row {
                         expected_value(v).map_err(|why| {
-                            anyhow::anyhow!("fixture `{}`, expect `{}`: {why}", f.name, e.query)
+                            anyhow::anyhow!(
+                                "fixture `{}`, expect `{}`: {}",
+                                escape(&f.name),
+                                escape(&e.query),
+                                escape(&why)
+                            )
                         })?;
                     }
                 }
@@ -157,11 +162,11 @@ impl FixtureMessage {
     /// The message as `idem invoke` takes one.
     ///
     /// # Errors
-    /// The `json` value cannot be written as JSON (a TOML date-time is
-    /// written as its text).
+    /// The `json` value cannot be written as JSON (a float that is not
+    /// finite). A TOML date-time is written as its text.
     pub fn input(&self) -> anyhow::Result<MessageInput> {
         let payload = match (&self.json, &self.payload) {
-            (Some(v), _) => serde_json::to_vec(v)?,
+            (Some(v), _) => serde_json::to_vec(&json_of(v)?)?,
             (None, Some(text)) => text.clone().into_bytes(),
             (None, None) => Vec::new(),
         };
@@ -175,6 +180,32 @@ impl FixtureMessage {
             payload,
         })
     }
+}
+
+/// A TOML value as the JSON it stands for: a date-time as its text.
+///
+/// # Errors
+/// A float that JSON cannot hold (NaN, infinity).
+fn json_of(v: &toml::Value) -> anyhow::Result<serde_json::Value> {
+    Ok(match v {
+        toml::Value::String(s) => s.clone().into(),
+        toml::Value::Integer(i) => (*i).into(),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(serde_json::Value::Number)
+            .ok_or_else(|| anyhow::anyhow!("{f} cannot be written as JSON"))?,
+        toml::Value::Boolean(b) => (*b).into(),
+        toml::Value::Datetime(d) => d.to_string().into(),
+        toml::Value::Array(a) => a
+            .iter()
+            .map(json_of)
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .into(),
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), json_of(v)?)))
+            .collect::<anyhow::Result<serde_json::Map<_, _>>>()?
+            .into(),
+    })
 }
 
 /// An expected value as the SQL value it stands for: integers, floats,
@@ -225,9 +256,14 @@ pub fn same_value(expected: &SqlValue, actual: &SqlValue) -> bool {
     }
 }
 
-/// `text` on one line.
+/// `text` on one line, escaped.
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    escape(&text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// `text` escaped for a line of output.
+fn escape(text: &str) -> String {
+    crate::log_format::escape(text).into_owned()
 }
 
 #[cfg(test)]
@@ -242,7 +278,7 @@ mod tests {
             [[fixture]]
             name = "one"
             [[fixture.message]]
-            json = { event_id = "e-1", amount = 5 }
+            json = { event_id = "e-1", amount = 5, at = 1979-05-27T07:32:00Z }
             [[fixture.message]]
             payload = "not json"
             outcome = "reject"
@@ -258,7 +294,10 @@ mod tests {
         assert_eq!(f.message[1].outcome, Expected::Reject);
         let input = f.message[0].input().unwrap();
         let json: serde_json::Value = serde_json::from_slice(&input.payload).unwrap();
-        assert_eq!(json, serde_json::json!({ "event_id": "e-1", "amount": 5 }));
+        assert_eq!(
+            json,
+            serde_json::json!({ "event_id": "e-1", "amount": 5, "at": "1979-05-27T07:32:00Z" })
+        );
         assert_eq!(
             f.message[1].input().unwrap().headers,
             vec![("Nats-Msg-Id".into(), "x".into())]

@@ -66,8 +66,9 @@ pub struct Report {
 /// handler returned ok.
 ///
 /// # Errors
-/// The message cannot be built (no subject, no identity: one line), or a
-/// database step failed (nothing committed, or at COMMIT unknown).
+/// `commit` for a handler with an `order_key`, the message cannot be built
+/// (no subject, no identity: one line), or a database step failed (nothing
+/// committed, or at COMMIT unknown).
 pub async fn invoke(
     bench: &Workbench,
     input: &MessageInput,

@@ -17,6 +17,7 @@ use crate::runtime::{GuestMessage, LoadOptions, Runtime};
 use crate::store::Database;
 use anyhow::Context as _;
 use std::path::Path;
+use std::str::FromStr as _;
 use std::sync::Arc;
 
 /// The most bytes of a message file or fixture payload read: the NATS
@@ -117,7 +118,7 @@ impl MessageInput {
     /// # Errors
     /// One line: no subject given and the handler has no single literal
     /// one, a subject the handler does not consume, a payload over
-    /// [`MAX_PAYLOAD_BYTES`], or no identity ([`NoIdentity`]: a delivery
+    /// [`MAX_PAYLOAD_BYTES`], a header that NATS cannot carry, or no identity ([`NoIdentity`]: a delivery
     /// of it would be dead-lettered).
     pub fn to_guest(
         &self,
@@ -127,6 +128,12 @@ impl MessageInput {
     ) -> anyhow::Result<GuestMessage> {
         let subject = match &self.subject {
             Some(s) => {
+                if s.contains(['*', '>']) {
+                    anyhow::bail!(
+                        "subject `{}` has a wildcard; a message's subject is literal",
+                        crate::log_format::escape(s)
+                    );
+                }
                 if !handler
                     .subjects
                     .iter()
@@ -158,7 +165,13 @@ impl MessageInput {
         }
         let mut headers = async_nats::HeaderMap::new();
         for (k, v) in &self.headers {
-            headers.append(k.as_str(), v.as_str());
+            let name = async_nats::HeaderName::from_str(k).map_err(|e| {
+                anyhow::anyhow!("header name `{}`: {e}", crate::log_format::escape(k))
+            })?;
+            let value = async_nats::HeaderValue::from_str(v).map_err(|e| {
+                anyhow::anyhow!("header `{}`'s value: {e}", crate::log_format::escape(k))
+            })?;
+            headers.append(name, value);
         }
         let message_id =
             crate::pipeline::message_id::extract(&handler.identity, Some(&headers), &self.payload)

@@ -6,6 +6,9 @@ use crate::sql_value::SqlValue;
 /// The most bytes of a blob shown (as hex); the rest is counted.
 const MAX_SHOWN_BYTES: usize = 64;
 
+/// The most bytes of a text value shown; the rest is counted.
+const MAX_SHOWN_TEXT: usize = 1024;
+
 /// `value` as SQL-like text: `NULL`, `5`, `1.5`, `true`, `'text'` (quotes
 /// doubled, control characters escaped), `x'0a0b'` (at most
 /// [`MAX_SHOWN_BYTES`], then `… (N bytes)`).
@@ -15,7 +18,18 @@ pub(crate) fn value(value: &SqlValue) -> String {
         SqlValue::Integer(i) => i.to_string(),
         SqlValue::Float(f) => format!("{f:?}"),
         SqlValue::Boolean(b) => b.to_string(),
-        SqlValue::Text(s) => format!("'{}'", crate::log_format::escape(s).replace('\'', "''")),
+        SqlValue::Text(s) => {
+            let mut cut = s.len().min(MAX_SHOWN_TEXT);
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let shown = s.get(..cut).unwrap_or_default();
+            let mut out = format!("'{}'", crate::log_format::escape(shown).replace('\'', "''"));
+            if cut < s.len() {
+                out.push_str(&format!("… ({} bytes)", s.len()));
+            }
+            out
+        }
         SqlValue::Bytes(b) => {
             let shown = b.get(..MAX_SHOWN_BYTES).unwrap_or(b);
             let mut out = format!("x'{}'", hex::encode(shown));

@@ -87,10 +87,11 @@ async fn run_one(bench: &Workbench, fixture: &Fixture) -> anyhow::Result<Fixture
             // The host dead-letters it without running the handler: for
             // the author, the message is rejected.
             Err(e) if e.is::<NoIdentity>() => messages.push((Err(e.to_string()), m.outcome)),
-            Err(e) => {
-                report.runs.push(vec![format!("message {}: {e}", i + 1)]);
-                return Ok(report);
-            }
+            Err(e) => anyhow::bail!(
+                "fixture `{}`, message {}: {e}",
+                crate::log_format::escape(&fixture.name),
+                i + 1
+            ),
         }
     }
     // 1 and 2, in one transaction.
@@ -106,7 +107,9 @@ async fn run_one(bench: &Workbench, fixture: &Fixture) -> anyhow::Result<Fixture
             first.push(p);
         }
     }
-    first.extend(check_rows(bench, &mut tx, &fixture.expect).await);
+    let (problems, back) = check_rows(bench, tx, &fixture.expect).await?;
+    tx = back;
+    first.extend(problems);
     report.runs.push(first);
     let mut again = Vec::new();
     for (i, (msg, expected)) in messages.iter().enumerate() {
@@ -116,7 +119,9 @@ async fn run_one(bench: &Workbench, fixture: &Fixture) -> anyhow::Result<Fixture
             again.push(p);
         }
     }
-    again.extend(check_rows(bench, &mut tx, &fixture.expect).await);
+    let (problems, back) = check_rows(bench, tx, &fixture.expect).await?;
+    tx = back;
+    again.extend(problems);
     report.runs.push(again);
     tx.rollback().await?;
     // 3, from an empty transaction.
@@ -143,7 +148,9 @@ async fn run_one(bench: &Workbench, fixture: &Fixture) -> anyhow::Result<Fixture
             retried.push(p);
         }
     }
-    retried.extend(check_rows(bench, &mut tx, &fixture.expect).await);
+    let (problems, back) = check_rows(bench, tx, &fixture.expect).await?;
+    tx = back;
+    retried.extend(problems);
     report.runs.push(retried);
     tx.rollback().await?;
     Ok(report)
@@ -216,16 +223,26 @@ fn describe(got: &Rehearsed) -> String {
 }
 
 /// What of `expects` does not hold in `tx`: one entry per query, with the
-/// rows that differ.
-async fn check_rows(bench: &Workbench, tx: &mut Tx, expects: &[Expect]) -> Vec<String> {
+/// rows that differ; and `tx` back (each query ran in a savepoint rolled
+/// back after it).
+///
+/// # Errors
+/// A savepoint could not be rolled back (the transaction is gone).
+async fn check_rows(
+    bench: &Workbench,
+    mut tx: Tx,
+    expects: &[Expect],
+) -> anyhow::Result<(Vec<String>, Tx)> {
     let mut problems = Vec::new();
     for e in expects {
         let query = crate::log_format::escape(&e.query).into_owned();
-        let rows = match bench
+        let (read, back) = bench
             .prepared
             .read_rows(tx, &e.query, MAX_ROWS, MAX_ROW_BYTES)
             .await
-        {
+            .map_err(|f| anyhow::anyhow!("{} failed: {}", f.step, f.error))?;
+        tx = back;
+        let rows = match read {
             Ok(rows) => rows,
             Err(why) => {
                 problems.push(format!(
@@ -244,7 +261,7 @@ async fn check_rows(bench: &Workbench, tx: &mut Tx, expects: &[Expect]) -> Vec<S
             problems.push(format!("{query}\n{diff}"));
         }
     }
-    problems
+    Ok((problems, tx))
 }
 
 /// `None` when `actual` is `expected` row by row; else the rows, each

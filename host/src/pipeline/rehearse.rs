@@ -95,30 +95,41 @@ impl PreparedHandler {
 
     /// Runs `sql` (no parameters) in `tx` as one of the guest's statements
     /// is run: judged by the handler's SQL guard, as its role on
-    /// PostgreSQL, at most `max_rows` rows and `max_bytes` bytes of values.
-    /// What `idem test` reads its expected rows with.
+    /// PostgreSQL, at most `max_rows` rows and `max_bytes` bytes of values,
+    /// inside a savepoint that is always rolled back, so a statement that
+    /// writes changes nothing. What `idem test` reads its expected rows
+    /// with. `Ok((Err(reason), tx))`: the guard refused it or it failed.
     ///
     /// # Errors
-    /// The guard refuses it or it fails: the one-line reason.
+    /// The savepoint could not be rolled back ([`StepFailed`]): `tx` was
+    /// rolled back whole.
     pub async fn read_rows(
         &self,
-        tx: &mut Tx,
+        mut tx: Tx,
         sql: &str,
         max_rows: usize,
         max_bytes: usize,
-    ) -> Result<Rows, String> {
-        let checked = self
-            .guard()
-            .check(tx, sql, &[])
-            .await
-            .map_err(|e| e.message)?;
-        if let Some(role) = self.role()
-            && let Err(e) = tx.enter_handler_role(role).await
-        {
-            return Err(e.to_string());
+    ) -> Result<(Result<Rows, String>, Tx), StepFailed> {
+        if let Err(error) = tx.begin_message(self.statement_timeout()).await {
+            return Err(rolled_back(tx, "SAVEPOINT", error).await);
         }
-        tx.query(&checked, &[], max_rows, max_bytes)
-            .await
-            .map_err(|e| e.to_string())
+        let read = match self.guard().check(&mut tx, sql, &[]).await {
+            Err(e) => Err(e.message),
+            Ok(checked) => match self.role() {
+                Some(role) => match tx.enter_handler_role(role).await {
+                    Err(e) => Err(e.to_string()),
+                    Ok(()) => tx
+                        .query(&checked, &[], max_rows, max_bytes)
+                        .await
+                        .map_err(|e| e.to_string()),
+                },
+                None => tx
+                    .query(&checked, &[], max_rows, max_bytes)
+                    .await
+                    .map_err(|e| e.to_string()),
+            },
+        };
+        let tx = self.end_message(tx, false).await?;
+        Ok((read, tx))
     }
 }

@@ -687,11 +687,11 @@ fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Limits) -> St
 /// Where in the guest a trap happened, as `in FUNC` or, when the component
 /// carries DWARF, `in FUNC at FILE:LINE:COL`: the innermost frame of the
 /// guest's own code, past the frames of Rust's standard library (a panic's
-/// machinery, whose files are under `/rustc/`) and of a toolchain's
-/// libraries (under `.cargo/registry`); without a source line, the
+/// machinery, whose files are under `/rustc/`) and of crates from a
+/// registry (under cargo's `registry/src/`); without a source line, the
 /// innermost frame with a name. Escaped for a log line.
 fn trap_site(bt: &wasmtime::WasmBacktrace) -> Option<String> {
-    let library = |file: &str| file.starts_with("/rustc/") || file.contains("/.cargo/registry/");
+    let library = |file: &str| file.starts_with("/rustc/") || file.contains("/registry/src/");
     let with_line = bt.frames().iter().find_map(|f| {
         f.symbols().iter().find_map(|s| {
             let file = s.file()?;

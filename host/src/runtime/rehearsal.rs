@@ -17,6 +17,14 @@ use std::time::Duration;
 /// [`Recorded::statements_used`] only.
 pub const MAX_RECORDED_STATEMENTS: usize = 1000;
 
+/// The most bytes of a statement's SQL text kept (the rest is replaced by
+/// `… (N bytes)`): a refused statement's text is not bounded otherwise.
+pub const MAX_RECORDED_SQL_BYTES: usize = 16 * 1024;
+
+/// The most bytes of one text or bytes parameter kept (text cut the same
+/// way; bytes cut with their length in the text of a marker).
+pub const MAX_RECORDED_VALUE_BYTES: usize = 1024;
+
 /// What came back from one statement.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -121,10 +129,24 @@ impl Rehearsal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Adds a statement (dropped past [`MAX_RECORDED_STATEMENTS`]).
-    pub(crate) fn statement(&self, statement: Statement) {
+    /// Adds a statement (dropped past [`MAX_RECORDED_STATEMENTS`]), its
+    /// text cut to [`MAX_RECORDED_SQL_BYTES`] and each parameter to
+    /// [`MAX_RECORDED_VALUE_BYTES`].
+    pub(crate) fn statement(&self, mut statement: Statement) {
         let mut r = self.recorded();
         if r.statements.len() < MAX_RECORDED_STATEMENTS {
+            statement.sql = clip(statement.sql, MAX_RECORDED_SQL_BYTES);
+            for p in &mut statement.params {
+                match p {
+                    SqlValue::Text(t) if t.len() > MAX_RECORDED_VALUE_BYTES => {
+                        *t = clip(std::mem::take(t), MAX_RECORDED_VALUE_BYTES);
+                    }
+                    SqlValue::Bytes(b) if b.len() > MAX_RECORDED_VALUE_BYTES => {
+                        *p = SqlValue::Text(format!("<{} bytes>", b.len()));
+                    }
+                    _ => {}
+                }
+            }
             r.statements.push(statement);
         }
     }
@@ -135,5 +157,60 @@ impl Rehearsal {
             level,
             text: text.to_owned(),
         });
+    }
+}
+
+/// `text` cut to at most `max` bytes on a char boundary, followed by
+/// `… (N bytes)` (N its whole length) when cut.
+fn clip(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let whole = text.len();
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!("… ({whole} bytes)"));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )]
+    use super::*;
+
+    #[test]
+    fn recorded_statements_are_bounded() {
+        let r = Rehearsal::new();
+        r.statement(Statement {
+            call: "execute",
+            sql: "x".repeat(MAX_RECORDED_SQL_BYTES + 10),
+            params: vec![
+                SqlValue::Text("é".repeat(MAX_RECORDED_VALUE_BYTES)),
+                SqlValue::Bytes(vec![0; MAX_RECORDED_VALUE_BYTES + 1]),
+                SqlValue::Integer(5),
+            ],
+            outcome: Outcome::Affected(1),
+        });
+        let rec = r.recorded();
+        let s = &rec.statements[0];
+        assert_eq!(
+            s.sql.len(),
+            MAX_RECORDED_SQL_BYTES + "… (16394 bytes)".len()
+        );
+        assert!(s.sql.ends_with("… (16394 bytes)"));
+        let SqlValue::Text(t) = &s.params[0] else {
+            panic!()
+        };
+        assert!(t.ends_with("… (2048 bytes)"), "{t}");
+        assert_eq!(s.params[1], SqlValue::Text("<1025 bytes>".into()));
+        assert_eq!(s.params[2], SqlValue::Integer(5));
     }
 }

@@ -154,10 +154,65 @@ pub struct File {
 /// JetStream durable name; the rule config validation applies).
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
+
+/// The longest handler name `idem new` takes: it names a folder, a file
+/// (`build/NAME.wasm`) and a JetStream durable consumer.
+pub const MAX_NAME_BYTES: usize = 64;
+
+/// Names a Rust handler's package may not take: the crates it depends on
+/// (a package cannot depend on a crate of its own name).
+/// and Rust's keywords, which cargo refuses as package names.
+const RUST_RESERVED: [&str; 44] = [
+    "serde",
+    "serde_json",
+    "wit_bindgen",
+    "idem_guest",
+    "core",
+    "std",
+    "alloc",
+    "test",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "crate",
+    "else",
+    "enum",
+    "extern",
+    "false",
+    "fn",
+    "for",
+    "if",
+    "impl",
+    "in",
+    "let",
+    "loop",
+    "match",
+    "mod",
+    "move",
+    "mut",
+    "pub",
+    "ref",
+    "return",
+    "self",
+    "Self",
+    "static",
+    "struct",
+    "super",
+    "trait",
+    "true",
+    "type",
+    "unsafe",
+    "use",
+    "where",
+    "while",
+    "async",
+];
 
 /// Everything `idem new NAME --lang LANG --strategy STRATEGY` writes, in
 /// memory, sorted by path.
@@ -168,7 +223,13 @@ pub fn valid_name(name: &str) -> bool {
 pub fn render(name: &str, lang: Lang, strategy: Strategy) -> anyhow::Result<Vec<File>> {
     if !valid_name(name) {
         anyhow::bail!(
-            "handler name `{name}` may use only letters, digits, `-` and `_` (it is a JetStream durable name)"
+            "handler name `{}` may use only letters, digits, `-` and `_`, at most {MAX_NAME_BYTES} of them (it is a JetStream durable name)",
+            crate::log_format::escape(name)
+        );
+    }
+    if lang == Lang::Rust && RUST_RESERVED.contains(&name.replace('-', "_").as_str()) {
+        anyhow::bail!(
+            "handler name `{name}` is the name of a crate a Rust handler depends on; choose another"
         );
     }
     let sdir = format!("strategies/{}", strategy.as_str());
@@ -268,7 +329,7 @@ pub fn render(name: &str, lang: Lang, strategy: Strategy) -> anyhow::Result<Vec<
         first_message_text,
         rust_lib => rust_package.replace('-', "_"),
         rust_package,
-        rust_type => camel(name),
+        rust_type => "Component",
     };
     // The language's own files, templates rendered.
     let ldir = format!("lang/{}", lang.as_str());
@@ -450,23 +511,6 @@ fn bytes(path: &str) -> anyhow::Result<Vec<u8>> {
 
 fn text(path: &str) -> anyhow::Result<String> {
     String::from_utf8(bytes(path)?).map_err(|e| anyhow::anyhow!("templates/{path}: {e}"))
-}
-
-/// `credit-projector` -> `CreditProjector`; a name not starting with a
-/// letter gets `Handler` in front.
-fn camel(name: &str) -> String {
-    let mut out = String::new();
-    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        out.push_str("Handler");
-    }
-    for part in name.split(['-', '_']).filter(|p| !p.is_empty()) {
-        let mut chars = part.chars();
-        if let Some(first) = chars.next() {
-            out.push(first.to_ascii_uppercase());
-            out.extend(chars);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

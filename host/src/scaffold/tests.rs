@@ -112,15 +112,30 @@ fn the_rust_source_has_the_strategy_s_statements() {
         src.contains("params![event.op_id.as_str(), event.key.as_str(), event.amount]"),
         "{src}"
     );
-    assert!(src.contains("struct Counter;"), "{src}");
+    // One type name whatever the handler's name, so none clashes with
+    // the payload's type or an import.
+    assert!(src.contains("struct Component;"), "{src}");
+    for name in ["9lives", "event", "handler", "message", "deserialize"] {
+        let files = render(name, Lang::Rust, Strategy::Receipt).unwrap();
+        assert!(text_of(&files, "src/lib.rs").contains("struct Component;"));
+    }
     let files = render("9lives", Lang::Rust, Strategy::Receipt).unwrap();
     assert!(text_of(&files, "Cargo.toml").contains("name = \"handler-9lives\""));
-    assert!(text_of(&files, "src/lib.rs").contains("struct Handler9lives;"));
+}
+
+#[test]
+fn a_rust_handler_is_not_named_after_a_crate_or_keyword() {
+    for name in ["serde", "serde-json", "idem-guest", "self", "fn"] {
+        let e = render(name, Lang::Rust, Strategy::Receipt).unwrap_err();
+        assert!(e.to_string().contains("choose another"), "{e}");
+        render(name, Lang::Js, Strategy::Receipt).unwrap();
+    }
 }
 
 #[test]
 fn a_bad_name_is_refused() {
-    for name in ["", "a b", "a.b", "a/b", "é"] {
+    let long = "a".repeat(65);
+    for name in ["", "a b", "a.b", "a/b", "é", "../x", &long] {
         let e = render(name, Lang::Rust, Strategy::Receipt).unwrap_err();
         assert!(
             e.to_string().contains("may use only letters"),
