@@ -17,7 +17,8 @@
 //! JavaScript helpers, so it builds outside this repository.
 //!
 //! Everything is rendered to memory first ([`render`]) and written only then
-//! ([`write()`]): a failure leaves nothing half-written.
+//! ([`write()`]): a bad name, strategy or target folder writes nothing; only
+//! a failing disk can leave part of the folder.
 
 pub mod strategy;
 
