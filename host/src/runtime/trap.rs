@@ -39,7 +39,8 @@ pub(super) fn describe_trap(e: &wasmtime::Error, stop: Option<Stop>, limits: &Li
 /// guest's own code, past the frames of Rust's standard library (a panic's
 /// machinery, whose files are under `/rustc/`) and of crates from a
 /// registry (under cargo's `registry/src/`); without a source line, the
-/// innermost frame with a name. Escaped for a log line.
+/// innermost frame with a name. Not escaped: a reason is data (a dead
+/// letter keeps it as it is), escaped where it is written out.
 fn trap_site(bt: &wasmtime::WasmBacktrace) -> Option<String> {
     let library = |file: &str| file.starts_with("/rustc/") || file.contains("/registry/src/");
     let with_line = bt.frames().iter().find_map(|f| {
@@ -58,5 +59,5 @@ fn trap_site(bt: &wasmtime::WasmBacktrace) -> Option<String> {
             .iter()
             .find_map(|f| f.func_name().map(|n| format!("in {n}")))
     })?;
-    Some(crate::log_format::escape(&site).into_owned())
+    Some(site)
 }
