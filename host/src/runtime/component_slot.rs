@@ -71,11 +71,13 @@ impl ComponentSlot {
     /// the component it replaced.
     pub fn swap(&self, next: Arc<HandlerComponent>) -> Arc<HandlerComponent> {
         let (digest, wit) = (next.digest().to_owned(), next.wit());
-        let old = self.current.swap(next);
-        handler_info::swapped(&self.handler, (old.digest(), old.wit()), (&digest, wit));
+        // Forgotten first: whoever sees the new version in place never
+        // sees the refusal it replaced.
         if let Ok(mut refused) = self.refused.lock() {
             *refused = None;
         }
+        let old = self.current.swap(next);
+        handler_info::swapped(&self.handler, (old.digest(), old.wit()), (&digest, wit));
         old
     }
 
