@@ -18,4 +18,5 @@ cargo test --workspace --exclude credit "$@"
 IDEM_TEST_BATCH=16 cargo test -p idem-tests \
     --test protocol --test crash --test hostile_runtime --test db_outage \
     --test broker_restart --test chaos --test strategies --test languages \
-    --test outbox --test outbox_batch --test outbox_slow --test orders_chaos --test cluster "$@"
+    --test outbox --test outbox_batch --test outbox_slow --test orders_chaos --test cluster \
+    --test shadow "$@"

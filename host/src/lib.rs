@@ -28,6 +28,7 @@ pub mod runtime;
 pub mod scaffold;
 pub mod secret;
 pub mod service;
+pub mod shadow;
 pub mod sql_guard;
 pub mod sql_value;
 pub mod store;

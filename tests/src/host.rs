@@ -91,6 +91,7 @@ pub struct RunningHost {
     task: Option<tokio::task::JoinHandle<Summary>>,
     stats: Vec<(Arc<str>, Arc<HandlerStats>)>,
     slots: Vec<(Arc<str>, Arc<ComponentSlot>)>,
+    shadows: Vec<(Arc<str>, Arc<idem::shadow::ShadowSlot>)>,
 }
 
 impl RunningHost {
@@ -100,6 +101,7 @@ impl RunningHost {
         let host = Host::start(&config).await.unwrap();
         let stats = host.stats();
         let slots = host.slots();
+        let shadows = host.shadows();
         let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(host.run(RunMode::Forever, stop.clone()));
         RunningHost {
@@ -107,7 +109,17 @@ impl RunningHost {
             task: Some(task),
             stats,
             slots,
+            shadows,
         }
+    }
+
+    /// `handler`'s shadow slot: the candidate in place and its counts.
+    pub fn shadow(&self, handler: &str) -> &Arc<idem::shadow::ShadowSlot> {
+        self.shadows
+            .iter()
+            .find(|(n, _)| &**n == handler)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("no handler {handler}"))
     }
 
     /// `handler`'s component slot: the version it runs, the last refused.

@@ -44,7 +44,7 @@ fn the_environment_beats_the_file() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         sections(&out),
-        "[broker]\nurl = \"nats://file.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
+        "[broker]\nurl = \"nats://file.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\nshadows_bucket = \"idem-shadows\"\n\n"
     );
     // Every default filled in; relative paths resolved against the file's directory.
     assert!(
@@ -71,7 +71,7 @@ fn the_environment_beats_the_file() {
     assert_eq!(err, "");
     assert_eq!(
         sections(&out),
-        "[broker]\nurl = \"nats://env.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 12\n\n[service]\nlisten = \"127.0.0.1:9464\"\nshutdown_grace = \"10s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
+        "[broker]\nurl = \"nats://env.example:4222\"\n\n[database]\nurl = \"sqlite://file.db\"\nmax_connections = 12\n\n[service]\nlisten = \"127.0.0.1:9464\"\nshutdown_grace = \"10s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\nshadows_bucket = \"idem-shadows\"\n\n"
     );
 }
 
@@ -111,7 +111,7 @@ fn config_check_masks_a_password_and_a_token() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         sections(&out),
-        "[broker]\nurl = \"nats://file.example:4222\"\ntoken = \"***\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test?sslmode=disable\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
+        "[broker]\nurl = \"nats://file.example:4222\"\ntoken = \"***\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test?sslmode=disable\"\nmax_connections = 4\n\n[service]\nshutdown_grace = \"5s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\nshadows_bucket = \"idem-shadows\"\n\n"
     );
     assert!(
         !out.contains("hunter2") && !out.contains("hunter3"),
@@ -135,7 +135,7 @@ fn secrets_come_from_files() {
     assert_eq!(
         sections(&out),
         format!(
-            "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken = \"***\"\ntoken_file = \"{creds_dir}/nats-token\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test\"\nmax_connections = 8\npassword_file = \"{creds_dir}/pg-password\"\n\n[service]\nshutdown_grace = \"30s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\n\n"
+            "[broker]\nurl = \"nats://127.0.0.1:4222\"\ntoken = \"***\"\ntoken_file = \"{creds_dir}/nats-token\"\n\n[database]\nurl = \"postgres://idem:***@127.0.0.1:5432/test\"\nmax_connections = 8\npassword_file = \"{creds_dir}/pg-password\"\n\n[service]\nshutdown_grace = \"30s\"\n\n[runtime]\ncache = true\nmax_component_functions = 50000\nmax_component_code_mib = 32\nfreed_memory_mib = 256\ntrap_source_lines = true\n\n[deploy]\nfollow = true\nmodules_bucket = \"idem-modules\"\ndeployments_bucket = \"idem-deployments\"\nhosts_bucket = \"idem-hosts\"\nshadows_bucket = \"idem-shadows\"\n\n"
         )
     );
     assert!(!out.contains("hunter"), "{out}");

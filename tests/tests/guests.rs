@@ -135,6 +135,11 @@ fn credit_log() {
 }
 
 #[test]
+fn credit_bonus() {
+    assert_plain_handler("credit-bonus");
+}
+
+#[test]
 fn likes() {
     assert_plain_handler("likes");
 }

@@ -45,6 +45,15 @@ pub struct Request {
     pub rollback: bool,
     /// List the handler's deployments.
     pub history: bool,
+    /// Deploy `module` as a shadow for this share of messages (parts per
+    /// million) instead ([`super::shadow::deploy`]).
+    pub shadow: Option<u32>,
+    /// Show the shadow's report ([`super::shadow::report`]).
+    pub shadow_report: bool,
+    /// Deploy the shadow candidate, and drop the shadow.
+    pub promote: bool,
+    /// Drop the shadow ([`super::shadow::abort`]).
+    pub abort: bool,
     /// Free text kept with the deployment.
     pub note: String,
     /// Return once every live host runs the new version.
@@ -66,7 +75,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     let config = Config::load(path)?;
     let h = handler(&config, path, &args.handler)?.clone();
     // The key first: a deploy that cannot be signed contacts nothing.
-    let key = if args.history {
+    let key = if args.history || args.shadow_report || args.abort {
         None
     } else {
         Some(signing_key(&config, args.key.as_deref(), path)?)
@@ -74,8 +83,18 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
     let Some(key) = key else {
+        if args.shadow_report {
+            return super::shadow::report(&store, &h.name).await;
+        }
+        if args.abort {
+            return super::shadow::abort(&store, &h.name).await;
+        }
         return history(&store, &h.name).await;
     };
+    if let (Some(sample), Some(module)) = (args.shadow, &args.module) {
+        let store = with_marks(&config, store).await;
+        return super::shadow::deploy(&config, &store, &h, module, sample, &key).await;
+    }
     let store = with_marks(&config, store).await;
     // What the hosts run: the latest record the trusted keys vouch for, not
     // below the high-water mark. A record they do not believe is never the
@@ -95,6 +114,20 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         };
         let bytes = store.fetch_module(&previous, None).await?;
         (bytes, PathBuf::from(format!("deployment {previous}")))
+    } else if args.promote {
+        let shadow = match super::shadow::current(&store, &h.name).await? {
+            None => anyhow::bail!("`{}` has no shadow deployment to promote", h.name),
+            Some(Err(why)) => anyhow::bail!(
+                "the shadow record of `{}` is not one hosts run, so it is not promoted: {}",
+                h.name,
+                escaped(&why, 300)
+            ),
+            Some(Ok(r)) => r,
+        };
+        let bytes = store
+            .fetch_module(&shadow.digest, Some(shadow.size))
+            .await?;
+        (bytes, PathBuf::from(format!("shadow {}", shadow.digest)))
     } else {
         let module = args.module.clone().unwrap_or_default();
         let bytes = std::fs::read(&module)
@@ -144,9 +177,10 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         revision
     } else {
         store.put_module(&digest, &bytes).await?;
-        let note = match (&args.note, args.rollback) {
-            (n, true) if n.is_empty() => "rollback".to_owned(),
-            (n, _) => n.clone(),
+        let note = match (&args.note, args.rollback, args.promote) {
+            (n, true, _) if n.is_empty() => "rollback".to_owned(),
+            (n, _, true) if n.is_empty() => "promoted from shadow".to_owned(),
+            (n, _, _) => n.clone(),
         };
         let mut deployment = Deployment {
             digest: digest.clone(),
@@ -176,6 +210,17 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         );
         revision
     };
+    if args.promote {
+        // Live now: the shadow has nothing left to compare.
+        store.shadows().delete(&h.name).await.map_err(|e| {
+            anyhow::anyhow!(
+                "{digest} is deployed, but the shadow record of `{}` could not be deleted ({e}); drop it with `idem deploy {} --abort`",
+                h.name,
+                h.name
+            )
+        })?;
+        println!("shadow of `{}` promoted and dropped", h.name);
+    }
     if args.wait {
         wait_for_hosts(&store, &h.name, &digest, revision, args.timeout, started).await?;
     }
@@ -283,7 +328,7 @@ pub fn keygen(file: &Path, host: bool) -> anyhow::Result<()> {
 /// Loads `bytes` as the handler's component would be loaded by a host
 /// (same checks, same engine settings, the same compiled-code cache), on a
 /// blocking thread.
-async fn validate(
+pub(super) async fn validate(
     config: &Config,
     bytes: &[u8],
     origin: &std::path::Path,
@@ -306,7 +351,7 @@ async fn validate(
 }
 
 /// `user@host` of this command.
-fn who() -> String {
+pub(super) fn who() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown".into());

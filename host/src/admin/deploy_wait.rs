@@ -169,6 +169,7 @@ mod tests {
             dead_lettered: 0,
             seen_revision: seen,
             watched: false,
+            shadow: None,
         }
     }
 

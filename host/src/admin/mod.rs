@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod receipts;
 pub mod redrive;
 pub mod replay;
+pub mod shadow;
 
 use crate::config::{Config, HandlerConfig};
 use crate::store::Database;

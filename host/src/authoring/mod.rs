@@ -7,7 +7,7 @@
 
 pub mod fixtures;
 pub mod invoke;
-mod print;
+pub(crate) mod print;
 pub mod run_fixtures;
 
 use crate::config::{Config, ConfigError, HandlerConfig};

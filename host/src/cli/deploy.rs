@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// `idem deploy`'s arguments.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("what").required(true).args(["module", "rollback", "history"])))]
+#[command(group(ArgGroup::new("what").required(true).args(["module", "rollback", "history", "shadow_report", "promote", "abort"])))]
 pub struct DeployArgs {
     /// The config that runs the handler (its `[broker]` and `[deploy]`).
     #[command(flatten)]
@@ -24,6 +24,27 @@ pub struct DeployArgs {
     /// List the handler's deployments, oldest first.
     #[arg(long, conflicts_with_all = ["module", "rollback", "wait"])]
     pub history: bool,
+    /// Deploy MODULE as a shadow: hosts keep running the live version and
+    /// also run MODULE on a sample of messages, in a savepoint always
+    /// rolled back, and compare what the two did.
+    #[arg(long, requires = "module", conflicts_with_all = ["rollback", "wait"])]
+    pub shadow: bool,
+    /// With --shadow: the share of messages the candidate runs for, `0.25`
+    /// or `25%`.
+    #[arg(long, requires = "shadow", default_value = "100%", value_parser = crate::admin::shadow::parse_sample)]
+    pub sample: u32,
+    /// Show what the handler's shadow candidate did differently on each
+    /// live host: counts, then the first divergent messages statement by
+    /// statement.
+    #[arg(long, conflicts_with_all = ["module", "rollback", "history", "wait", "promote", "abort"])]
+    pub shadow_report: bool,
+    /// Make the handler's shadow candidate its live version (a deploy of
+    /// it; `--wait` waits for the hosts) and drop the shadow.
+    #[arg(long, conflicts_with_all = ["module", "rollback", "history", "abort"])]
+    pub promote: bool,
+    /// Drop the handler's shadow candidate; the live version is untouched.
+    #[arg(long, conflicts_with_all = ["module", "rollback", "history", "wait"])]
+    pub abort: bool,
     /// Free text kept with the deployment.
     #[arg(long, default_value = "")]
     pub note: String,
@@ -71,6 +92,10 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         module: args.module,
         rollback: args.rollback,
         history: args.history,
+        shadow: args.shadow.then_some(args.sample),
+        shadow_report: args.shadow_report,
+        promote: args.promote,
+        abort: args.abort,
         note: args.note,
         wait: args.wait,
         timeout: args.timeout,

@@ -49,6 +49,11 @@ pub struct DeployConfig {
     /// stops reporting. Default `idem-hosts`.
     #[serde(default = "default_hosts_bucket")]
     pub hosts_bucket: String,
+    /// JetStream KV bucket of the shadow deployments (`idem deploy
+    /// --shadow`): key = handler name, value = the candidate
+    /// ([`crate::shadow::record::ShadowRecord`]). Default `idem-shadows`.
+    #[serde(default = "default_shadows_bucket")]
+    pub shadows_bucket: String,
 }
 
 impl Default for DeployConfig {
@@ -61,6 +66,7 @@ impl Default for DeployConfig {
             modules_bucket: default_modules_bucket(),
             deployments_bucket: default_deployments_bucket(),
             hosts_bucket: default_hosts_bucket(),
+            shadows_bucket: default_shadows_bucket(),
         }
     }
 }
@@ -111,4 +117,7 @@ fn default_deployments_bucket() -> String {
 }
 fn default_hosts_bucket() -> String {
     "idem-hosts".into()
+}
+fn default_shadows_bucket() -> String {
+    "idem-shadows".into()
 }

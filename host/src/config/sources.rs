@@ -34,7 +34,7 @@ const ENV_SEPARATOR: &str = "__";
 /// they hold, whatever it looks like. figment reads a variable as TOML would
 /// (`0123456789` as the number 123456789, `31337.25` as a float), which
 /// would change a token or a password on its way in, or fail and print it.
-const VERBATIM_KEYS: [&str; 20] = [
+const VERBATIM_KEYS: [&str; 21] = [
     "broker.url",
     "broker.token",
     "broker.token_file",
@@ -53,6 +53,7 @@ const VERBATIM_KEYS: [&str; 20] = [
     "deploy.modules_bucket",
     "deploy.deployments_bucket",
     "deploy.hosts_bucket",
+    "deploy.shadows_bucket",
     "deploy.host_key",
     "service.listen",
 ];

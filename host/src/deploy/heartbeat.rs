@@ -18,6 +18,7 @@
 use super::store::DeployStore;
 use crate::metrics::HandlerStats;
 use crate::runtime::component_slot::ComponentSlot;
+use crate::shadow::{ShadowReport, ShadowSlot};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,6 +143,10 @@ pub struct HandlerReport {
     /// not follow deployments.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watched: bool,
+    /// The handler's shadow deployment on this host, if any
+    /// ([`crate::shadow`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowReport>,
 }
 
 /// What the heartbeat reads for one handler.
@@ -155,6 +160,8 @@ pub struct Reported {
     /// Whether it has `watch = true` (runs its module file, follows no
     /// deployments).
     pub watched: bool,
+    /// Its shadow candidate, if any.
+    pub shadow: Arc<ShadowSlot>,
 }
 
 /// This process's id in the hosts bucket: `<hostname>-<pid>`, with every
@@ -203,9 +210,11 @@ pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport
                 // Before the digest: what is read then answers this
                 // revision at least.
                 let seen_revision = h.slot.seen_revision();
+                let digest = h.slot.current().digest().to_owned();
                 HandlerReport {
                     name: h.name.clone(),
-                    digest: h.slot.current().digest().to_owned(),
+                    shadow: h.shadow.report(&digest),
+                    digest,
                     refused: h.slot.refused().map(|r| (r.digest, r.reason)),
                     in_flight: h.stats.in_flight_now(),
                     processed: s.processed,
@@ -282,6 +291,7 @@ mod tests {
                 dead_lettered: 0,
                 seen_revision: Some(3),
                 watched: false,
+                shadow: None,
             }],
             signer: String::new(),
             signature: String::new(),

@@ -26,7 +26,7 @@ pub mod watch;
 pub use record::Deployment;
 
 use crate::runtime::component_slot::ComponentSlot;
-use crate::runtime::{LoadError, LoadOptions, Runtime};
+use crate::runtime::{HandlerComponent, LoadError, LoadOptions, Runtime};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,27 +69,7 @@ pub async fn install(
     if current.digest() == digest {
         return Ok(Installed::Unchanged);
     }
-    let rt = runtime.clone();
-    let path = origin.clone();
-    let loaded = tokio::task::spawn_blocking(move || rt.load_bytes(&bytes, &path, options))
-        .await
-        .unwrap_or_else(|e| {
-            Err(LoadError::Invalid {
-                path: origin.clone(),
-                detail: format!("the compile task failed: {e}"),
-            })
-        });
-    // A component that traps when instantiated would fail every message.
-    let loaded = match loaded {
-        Ok(component) => match runtime.check_instantiates(&component).await {
-            Ok(()) => Ok(component),
-            Err(detail) => Err(LoadError::Invalid {
-                path: origin.clone(),
-                detail,
-            }),
-        },
-        Err(e) => Err(e),
-    };
+    let loaded = load_checked(runtime, bytes, origin.clone(), options).await;
     match loaded {
         Ok(component) => {
             let to = component.digest().to_owned();
@@ -106,5 +86,37 @@ pub async fn install(
             }
             Err(e)
         }
+    }
+}
+
+/// Validates and compiles `bytes` (read from `origin`, named in errors) on
+/// a blocking thread, never on the tokio workers that run messages, and
+/// instantiates the result once ([`Runtime::check_instantiates`]): a
+/// component that traps when instantiated would fail every message.
+///
+/// # Errors
+/// As [`install`].
+pub async fn load_checked(
+    runtime: &Arc<Runtime>,
+    bytes: Vec<u8>,
+    origin: PathBuf,
+    options: LoadOptions,
+) -> Result<Arc<HandlerComponent>, LoadError> {
+    let rt = runtime.clone();
+    let path = origin.clone();
+    let component = tokio::task::spawn_blocking(move || rt.load_bytes(&bytes, &path, options))
+        .await
+        .unwrap_or_else(|e| {
+            Err(LoadError::Invalid {
+                path: origin.clone(),
+                detail: format!("the compile task failed: {e}"),
+            })
+        })?;
+    match runtime.check_instantiates(&component).await {
+        Ok(()) => Ok(component),
+        Err(detail) => Err(LoadError::Invalid {
+            path: origin,
+            detail,
+        }),
     }
 }

@@ -1,7 +1,8 @@
 //! The buckets hot deploy uses on the broker: components in a JetStream
 //! Object Store (named by their SHA-256), deployments in a KV bucket (key =
 //! handler name, with history), and what each running host runs in a KV
-//! bucket whose entries expire ([`super::heartbeat`]). Each is created on
+//! bucket whose entries expire ([`super::heartbeat`]), and shadow
+//! deployments in a KV bucket ([`crate::shadow`]). Each is created on
 //! first use by whichever host or command gets there first. Which records
 //! of the deployments bucket are believed is [`super::trust`]'s decision,
 //! on the history read here.
@@ -27,12 +28,13 @@ pub const MAX_MODULE_MIB: u64 = 64;
 /// How long a host's report stays in the hosts bucket without a refresh.
 pub const HOST_REPORT_TTL: Duration = Duration::from_secs(15);
 
-/// The three buckets, opened.
+/// The four buckets, opened.
 #[derive(Clone)]
 pub struct DeployStore {
     deployments: kv::Store,
     modules: object_store::ObjectStore,
     hosts: kv::Store,
+    shadows: kv::Store,
     names: DeployConfig,
     trust: Arc<Trust>,
     /// Whether the deployments bucket keeps what a chain check needs: its
@@ -134,6 +136,16 @@ impl DeployStore {
             },
         )
         .await?;
+        let shadows = open_kv(
+            js,
+            kv::Config {
+                bucket: names.shadows_bucket.clone(),
+                description: "idem: shadow deployments (key = handler)".into(),
+                history: 1,
+                ..Default::default()
+            },
+        )
+        .await?;
         let modules = match js.get_object_store(&names.modules_bucket).await {
             Ok(store) => store,
             Err(_) => match js
@@ -165,6 +177,7 @@ impl DeployStore {
             deployments,
             modules,
             hosts,
+            shadows,
             names: names.clone(),
             trust: Arc::new(trust),
             history_kept,
@@ -240,6 +253,11 @@ impl DeployStore {
     /// The hosts KV bucket.
     pub fn hosts(&self) -> &kv::Store {
         &self.hosts
+    }
+
+    /// The shadows KV bucket ([`crate::shadow::record`]).
+    pub fn shadows(&self) -> &kv::Store {
+        &self.shadows
     }
 
     /// `handler`'s entry in the deployments bucket; `None` when it has

@@ -178,6 +178,11 @@ impl Trust {
         self.keys.is_empty()
     }
 
+    /// The trusted deploy key whose public key is `public` (`M…`), if any.
+    pub fn key(&self, public: &str) -> Option<&KeyPair> {
+        self.keys.iter().find(|k| k.public_key() == public)
+    }
+
     /// Whether `value`, at `revision` under key `handler` with `before`
     /// standing before it, is a record to believe: parsed, signed by a
     /// trusted key, for `handler`, replacing what stands before it.

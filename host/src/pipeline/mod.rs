@@ -46,6 +46,7 @@ pub mod fault;
 pub mod lookup;
 pub mod message_id;
 pub mod rehearse;
+pub mod shadow_run;
 pub mod step;
 mod unsettled;
 pub mod verdict;

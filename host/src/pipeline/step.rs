@@ -21,11 +21,13 @@
 //! component that produced the effect, even when a new version is swapped
 //! in meanwhile (hot deploy).
 
+use super::shadow_run::shadow_time;
 use crate::config::HandlerConfig;
 use crate::metrics::{CommitTimings, HandlerIdentity, HandlerStats};
 use crate::runtime::component_slot::ComponentSlot;
 use crate::runtime::rehearsal::Rehearsal;
 use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation, Limits, Runtime};
+use crate::shadow::ShadowSlot;
 use crate::sql_guard::SqlGuard;
 use crate::store::{Database, Receipt, StoreError, Tx};
 use std::sync::Arc;
@@ -48,6 +50,9 @@ pub struct PreparedHandler {
     /// Woken after a COMMIT that stored outbox rows: this host's relay
     /// ([`crate::outbox::relay::Relay::waker`]).
     outbox_wake: Option<Arc<tokio::sync::Notify>>,
+    /// The shadow candidate next to the live version, if one is deployed
+    /// ([`crate::shadow`]); empty but for `idem run`.
+    shadow: Arc<ShadowSlot>,
 }
 
 /// How [`PreparedHandler::apply`] ended when every database step worked.
@@ -131,6 +136,7 @@ impl PreparedHandler {
             statement_timeout: cfg.statement_timeout(),
             stats,
             outbox_wake: None,
+            shadow: Arc::new(ShadowSlot::new()),
         }
     }
 
@@ -176,6 +182,21 @@ impl PreparedHandler {
     /// The SQL guard for the handler's granted tables.
     pub(super) fn guard(&self) -> &SqlGuard {
         &self.guard
+    }
+
+    /// [`PreparedHandler::guard`], shared.
+    pub(super) fn shared_guard(&self) -> &Arc<SqlGuard> {
+        &self.guard
+    }
+
+    /// The per-message limits.
+    pub(super) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Where a shadow candidate of this handler is put ([`crate::shadow`]).
+    pub fn shadow(&self) -> &Arc<ShadowSlot> {
+        &self.shadow
     }
 
     /// Bound on each statement of the transaction.
@@ -268,8 +289,20 @@ impl PreparedHandler {
         {
             return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
         }
+        let (tx, shadow) = self
+            .shadow_first(&component, tx, &msg, shadow_time(self.limits.deadline))
+            .await?;
         let guest_started = Instant::now();
-        match self.run_guest(&component, tx, msg).await {
+        let live = shadow.as_ref().map(|run| run.live.clone());
+        let outcome = self.run_guest(&component, tx, msg, live).await;
+        if let Some(run) = shadow {
+            let judged = match &outcome {
+                Ok((_, rows)) => Ok(*rows),
+                Err((failure, _)) => Err(failure.clone()),
+            };
+            self.shadow_compare(run, &judged, false);
+        }
+        match outcome {
             Ok((tx, outbox_rows)) => {
                 let handler = guest_started.elapsed();
                 let commit_started = Instant::now();
@@ -291,7 +324,8 @@ impl PreparedHandler {
         }
     }
 
-    /// Runs the guest on `msg` inside `tx`. `Ok((tx, rows))`: the guest
+    /// Runs the guest on `msg` inside `tx`, recorded in `rehearsal` if
+    /// given. `Ok((tx, rows))`: the guest
     /// succeeded (and stored `rows` outbox rows), commit `tx`. `Err`: the guest failed and `tx` was rolled back,
     /// bounded by the statement timeout + 5 s (a statement the runtime
     /// abandoned at the deadline is cancelled by the statement timeout
@@ -301,8 +335,9 @@ impl PreparedHandler {
         component: &HandlerComponent,
         tx: Tx,
         msg: GuestMessage,
+        rehearsal: Option<Arc<Rehearsal>>,
     ) -> Result<(Tx, usize), (HandlerFailure, Rollback)> {
-        let (result, tx) = self.call_guest(component, tx, msg, None).await;
+        let (result, tx) = self.call_guest(component, tx, msg, rehearsal).await;
         let failure = match result {
             Ok(rows) => return Ok((tx, rows)),
             Err(failure) => failure,
@@ -416,6 +451,7 @@ impl PreparedHandler {
         let mut outbox_rows = 0;
         let batch_started = Instant::now();
         let budget = batch_budget(self.limits.deadline);
+        let mut shadow_left = shadow_time(self.limits.deadline);
         for (msg, new) in msgs.into_iter().zip(new) {
             if !new {
                 items.push(BatchItem::Duplicate);
@@ -431,13 +467,21 @@ impl PreparedHandler {
                 items.push(BatchItem::Refused(reason));
                 continue;
             }
+            let shadow_started = Instant::now();
+            let (back, shadow) = self.shadow_first(&component, tx, &msg, shadow_left).await?;
+            tx = back;
+            shadow_left = shadow_left.saturating_sub(shadow_started.elapsed());
             if let Err(error) = tx.begin_message(self.statement_timeout).await {
                 return Err(rolled_back(tx, "SAVEPOINT", error).await);
             }
             let message_id = msg.message_id.clone();
             let started = Instant::now();
-            let (result, mut back) = self.call_guest(&component, tx, msg, None).await;
+            let live = shadow.as_ref().map(|run| run.live.clone());
+            let (result, mut back) = self.call_guest(&component, tx, msg, live).await;
             let conflict = back.take_conflict();
+            if let Some(run) = shadow {
+                self.shadow_compare(run, &result, conflict);
+            }
             let applied = result.is_ok() && !conflict;
             tx = self.end_message(back, applied).await?;
             items.push(match result {

@@ -168,6 +168,9 @@ impl GuestLog {
         }
         if let Some(r) = &self.rehearsal {
             r.line(level_name(level), &line);
+            if r.is_quiet() {
+                return;
+            }
         }
         let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         let truncated = dropped > 0;
@@ -249,6 +252,9 @@ impl GuestLog {
         let name = stream.name();
         if let Some(r) = &self.rehearsal {
             r.line(name, &line);
+            if r.is_quiet() {
+                return;
+            }
         }
         let (handler, message_id) = (&*self.handler, self.message_id.as_str());
         match stream {

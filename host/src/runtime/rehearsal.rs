@@ -99,6 +99,7 @@ pub struct Recorded {
 pub struct Rehearsal {
     recorded: Mutex<Recorded>,
     fail_after: Option<u32>,
+    quiet: bool,
 }
 
 impl Rehearsal {
@@ -111,9 +112,23 @@ impl Rehearsal {
     /// its `n`th statement (1-based) has run.
     pub fn failing_after(n: u32) -> Self {
         Self {
-            recorded: Mutex::default(),
             fail_after: Some(n),
+            ..Self::default()
         }
+    }
+
+    /// Records, and keeps the guest's output lines out of the host's log
+    /// (a shadow candidate's: [`crate::shadow`]).
+    pub fn quiet() -> Self {
+        Self {
+            quiet: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the guest's output lines stay out of the host's log.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.quiet
     }
 
     /// The statement after which the call is made to fail, if any.

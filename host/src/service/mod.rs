@@ -119,6 +119,19 @@ impl Host {
             .collect()
     }
 
+    /// Each handler's shadow slot, by handler name ([`crate::shadow`]).
+    pub fn shadows(&self) -> Vec<(Arc<str>, Arc<crate::shadow::ShadowSlot>)> {
+        self.handlers
+            .iter()
+            .map(|h| {
+                (
+                    h.pipeline.name().clone(),
+                    h.pipeline.handler().shadow().clone(),
+                )
+            })
+            .collect()
+    }
+
     /// Each handler's counters, by handler name.
     pub fn stats(&self) -> Vec<(Arc<str>, Arc<HandlerStats>)> {
         self.handlers

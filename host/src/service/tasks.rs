@@ -18,8 +18,9 @@ use std::time::Duration;
 impl Host {
     /// With `[deploy] follow`: the task that follows the deployments
     /// bucket (for every handler but those with `watch = true`, whose
-    /// module file is their one source) and the one that reports this
-    /// host's versions.
+    /// module file is their one source), the one that reports this host's
+    /// versions, and the one that follows shadow deployments
+    /// ([`crate::shadow::follow`]).
     pub(super) fn follow_deployments(&self) -> Vec<tokio::task::JoinHandle<()>> {
         let Some(store) = &self.deploy else {
             return Vec::new();
@@ -38,11 +39,30 @@ impl Host {
                 slot: h.pipeline.handler().slot().clone(),
                 stats: h.pipeline.stats().clone(),
                 watched: h.pipeline.config().watch,
+                shadow: h.pipeline.handler().shadow().clone(),
+            })
+            .collect();
+        let shadowed = self
+            .handlers
+            .iter()
+            .filter(|h| !h.pipeline.config().watch)
+            .map(|h| {
+                let handler = h.pipeline.handler();
+                crate::shadow::follow::Shadowed {
+                    name: h.pipeline.name().to_string(),
+                    shadow: handler.shadow().clone(),
+                    live: handler.slot().clone(),
+                    runtime: handler.runtime().clone(),
+                    options: LoadOptions {
+                        wasi: h.pipeline.config().wasi,
+                    },
+                }
             })
             .collect();
         vec![
             crate::deploy::follow::spawn(store.clone(), followed, self.stop.clone()),
             crate::deploy::heartbeat::spawn(store.clone(), reported, self.stop.clone()),
+            crate::shadow::follow::spawn(store.clone(), shadowed, self.stop.clone()),
         ]
     }
 

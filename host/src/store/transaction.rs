@@ -2,8 +2,8 @@
 //! the guest's value bound, what the SQL guard asks of the transaction,
 //! commit and rollback. The guest's statements are in `statement`.
 
+use super::backend::{Batch as _, Transaction as _, TxRoles as _};
 use super::backend::{CompileHook as _, Pool as _, PoolRoles as _, RowFunctions as _};
-use super::backend::{Transaction as _, TxRoles as _};
 use super::{Database, DbError, Savepoints, StoreError, Tx, dispatch, sqlite_raw};
 use std::time::Duration;
 
@@ -114,6 +114,26 @@ impl Tx {
     /// The switch back cannot be sent (the transaction is then unusable).
     pub(crate) async fn host_turn(&mut self) -> Result<(), StoreError> {
         Ok(dispatch!(&mut self.0, t => t.host_turn().await)?)
+    }
+
+    /// After a rollback to a savepoint: the host's own user runs the next
+    /// statements, whatever role switch the savepoint undid; the next guest
+    /// statement enters the handler's role again. Nothing on SQLite.
+    ///
+    /// # Errors
+    /// The switch cannot be sent (the transaction is then unusable).
+    pub(crate) async fn reset_role(&mut self) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.reset_role().await)?)
+    }
+
+    /// Gives the next statements `budget` again where the bound is one for
+    /// the whole transaction (SQLite); nothing on PostgreSQL, where
+    /// `statement_timeout` bounds each statement.
+    ///
+    /// # Errors
+    /// On SQLite, the connection cannot be locked.
+    pub(crate) async fn renew_budget(&mut self, budget: Duration) -> Result<(), StoreError> {
+        Ok(dispatch!(&mut self.0, t => t.renew_budget(budget).await)?)
     }
 
     /// SQLite only: compiles `sql` on this transaction's connection with

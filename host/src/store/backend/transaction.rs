@@ -236,6 +236,17 @@ pub(in crate::store) trait TxRoles: Transaction {
     async fn host_turn(&mut self) -> Result<(), sqlx::Error> {
         Ok(())
     }
+
+    /// After a rollback to a savepoint, which may have undone a role
+    /// switch this transaction remembers making: makes the host's own user
+    /// the one the next statements run as, whatever the remembered state;
+    /// the next guest statement enters the role again.
+    ///
+    /// # Errors
+    /// The switch cannot be sent.
+    async fn reset_role(&mut self) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
 }
 
 /// Optional: the SQL guard's question of PostgreSQL's catalogs. Absent:

@@ -181,6 +181,22 @@ impl TxRoles for Tx {
         }
         Ok(())
     }
+
+    /// `SET LOCAL ROLE NONE` whenever a role was given, entered or not as
+    /// remembered: a `ROLLBACK TO SAVEPOINT` restores the role in force
+    /// when the savepoint was made (PostgreSQL, "SET": the effects of `SET
+    /// LOCAL` end with the savepoint rolled back), which may not be what
+    /// this transaction last sent.
+    async fn reset_role(&mut self) -> Result<(), sqlx::Error> {
+        if self.role.is_some() {
+            sqlx::raw_sql(AssertSqlSafe(super::batch::LEAVE_ROLE))
+                .execute(&mut *self.tx)
+                .await?;
+            self.role_entered = false;
+            self.pending_role = self.role.clone();
+        }
+        Ok(())
+    }
 }
 
 impl Tx {
