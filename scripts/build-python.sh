@@ -3,8 +3,9 @@
 # target/guests/<example>.wasm ($CARGO_TARGET_DIR/guests when set) with
 # componentize-py --stub-wasi: every WASI import is replaced by a trapping
 # stub, so the component imports only idem:handler and runs with the
-# default `wasi = false`. The tools come from scripts/toolchains.sh
-# (installed on first use).
+# default `wasi = false`. The module is built with what the Python examples
+# share, examples/python-common/idem_json.py, beside it (`import idem_json`).
+# The tools come from scripts/toolchains.sh (installed on first use).
 # Usage: bash scripts/build-python.sh <example> <module>
 set -euo pipefail
 [[ $# -eq 2 ]] || { echo "usage: $0 <example> <module>" >&2; exit 2; }
@@ -20,7 +21,7 @@ dst="$out/$example.wasm"
 app="$target_dir/$example/app"
 rm -rf "$app"
 mkdir -p "$app" "$out"
-cp "$root/examples/$example/$module.py" "$app/"
+cp "$root/examples/$example/$module.py" "$root/examples/python-common/idem_json.py" "$app/"
 start=$SECONDS
 "$IDEM_COMPONENTIZE_PY" --quiet --wit-path "$root/wit" --world handler \
     componentize --python-path "$app" --stub-wasi "$module" -o "$dst.tmp"

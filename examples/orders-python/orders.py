@@ -9,7 +9,8 @@ into `orders` and publishes `orders.accepted` with the same three fields
 in the message's transaction and sent by the host after the COMMIT. An
 order already taken changes nothing and publishes nothing again; a payload
 that is not such an order, or a publish the config does not grant, is
-rejected (dead-lettered).
+rejected (dead-lettered). The order is read by `read_event` of
+../python-common/idem_json.py as the Rust handler's serde_json reads it.
 
 Built by build.sh with componentize-py --stub-wasi, like examples/credit-python.
 """
@@ -18,6 +19,7 @@ import json
 
 import wit_world
 from componentize_py_types import Err
+from idem_json import I64, STRING, BadPayload, read_event
 from wit_world.imports import log, outbox, transaction
 from wit_world.imports.types import (
     DbErrorKind,
@@ -27,6 +29,9 @@ from wit_world.imports.types import (
     Value_Integer,
     Value_Text,
 )
+
+# The order, as the Rust handler's struct.
+ORDER = [("order_id", STRING), ("sku", STRING), ("qty", I64)]
 
 # Granted by `publish` in the handler's config.
 ACCEPTED = "orders.accepted"
@@ -44,32 +49,17 @@ KINDS = {
     "OutboxError_Invalid": "invalid",
 }
 
-I64_MIN, I64_MAX = -(2**63), 2**63 - 1
-
 
 def reject(reason: str) -> Err:
     return Err(HandlerError_Reject(reason))
 
 
-def read_order(payload: bytes) -> dict:
-    try:
-        order = json.loads(payload)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise reject(f"not an order: {e}")
-    if not isinstance(order, dict):
-        raise reject("not an order: the payload is not a JSON object")
-    for name in ("order_id", "sku"):
-        if type(order.get(name)) is not str:
-            raise reject(f"not an order: `{name}` is not a string")
-    qty = order.get("qty")
-    if type(qty) is not int or not I64_MIN <= qty <= I64_MAX:
-        raise reject("not an order: `qty` is not a 64-bit integer")
-    return order
-
-
 class WitWorld(wit_world.WitWorld):
     def handle(self, msg: Message) -> None:
-        order = read_order(msg.payload)
+        try:
+            order = read_event(msg.payload, "not an order", ORDER)
+        except BadPayload as e:
+            raise e.reject()
         order_id, sku, qty = order["order_id"], order["sku"], order["qty"]
         if order_id == "" or sku == "" or qty < 1:
             raise reject(f"order `{order_id}`: needs an order id, a SKU and a quantity of at least 1")

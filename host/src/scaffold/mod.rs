@@ -13,8 +13,9 @@
 //! - `common/`: `idem.toml` and `README.md`, the same for every language.
 //!
 //! Besides, the folder gets copies of what a handler builds against: the WIT
-//! world, and per language the guest SDK (Rust), the C bindings or the
-//! JavaScript helpers, so it builds outside this repository.
+//! world, and per language the guest SDK (Rust), the C bindings, the
+//! JavaScript helpers or the Python JSON reader, so it builds outside this
+//! repository.
 //!
 //! Everything is rendered to memory first ([`render`]) and written only then
 //! ([`write()`]): a bad name, strategy or target folder writes nothing; only
@@ -38,6 +39,8 @@ const C_BINDINGS_C: &str = include_str!("../../../examples/c-common/bindings/han
 const C_BINDINGS_H: &str = include_str!("../../../examples/c-common/bindings/handler.h");
 /// The JavaScript helpers every JavaScript example shares.
 const JS_HELPERS: &str = include_str!("../../../examples/js-common/idem.js");
+/// The JSON reader every Python example shares.
+const PY_JSON: &str = include_str!("../../../examples/python-common/idem_json.py");
 
 /// The languages a handler can be written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -303,7 +306,11 @@ pub fn render(name: &str, lang: Lang, strategy: Strategy) -> anyhow::Result<Vec<
             );
         }
         Lang::Js => add(&mut files, "idem.js".into(), JS_HELPERS.as_bytes().to_vec()),
-        Lang::Python => {}
+        Lang::Python => add(
+            &mut files,
+            "idem_json.py".into(),
+            PY_JSON.as_bytes().to_vec(),
+        ),
     }
     add(
         &mut files,
@@ -467,6 +474,9 @@ fn describe(path: &str, lang: Lang) -> Option<&'static str> {
         "src/lib.rs" | "main.c" | "handler.js" | "app.py" => "the handler",
         "idem.js" => {
             "helpers: exact JSON reading, statements, log (shared by idem's JavaScript examples)"
+        }
+        "idem_json.py" => {
+            "helper: exact JSON reading, `read_event` (shared by idem's Python examples)"
         }
         ".gitignore" => return None,
         p if p.starts_with("migrations/") => "the tables, valid SQL on PostgreSQL and SQLite",

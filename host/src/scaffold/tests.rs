@@ -90,7 +90,7 @@ fn the_files_of_each_language() {
             &["bindings/handler.c", "bindings/handler.h", "main.c"],
         ),
         (Lang::Js, &["handler.js", "idem.js"]),
-        (Lang::Python, &["app.py"]),
+        (Lang::Python, &["app.py", "idem_json.py"]),
     ];
     for (lang, own) in own {
         let files = render("credit", lang, Strategy::Receipt).unwrap();
