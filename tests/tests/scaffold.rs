@@ -1,5 +1,5 @@
-//! `idem new`: for each language (default strategy) and each strategy (in
-//! Rust), a handler folder made outside the repository builds with the
+//! `idem new`: for each language and each strategy, a handler folder made
+//! outside the repository builds with the
 //! command its README gives, into the component its `idem.toml` names; then
 //! its fixtures pass `idem test` on SQLite and PostgreSQL
 //! ([`idem_test_fixtures`]).
@@ -119,44 +119,40 @@ fn scaffold(lang: &str, strategy: &str) {
     idem_test_fixtures(&dir, &name);
 }
 
-#[test]
-fn rust_receipt() {
-    scaffold("rust", "receipt");
+/// One `#[test]` per language and strategy: `NAME` runs
+/// `scaffold(LANG, STRATEGY)`.
+macro_rules! pairs {
+    ($($name:ident: $lang:literal $strategy:literal;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                scaffold($lang, $strategy);
+            }
+        )*
+    };
 }
 
-#[test]
-fn rust_natural_key() {
-    scaffold("rust", "natural-key");
-}
-
-#[test]
-fn rust_version() {
-    scaffold("rust", "version");
-}
-
-#[test]
-fn rust_upsert() {
-    scaffold("rust", "upsert");
-}
-
-#[test]
-fn rust_aggregate() {
-    scaffold("rust", "aggregate");
-}
-
-#[test]
-fn c_receipt() {
-    scaffold("c", "receipt");
-}
-
-#[test]
-fn js_receipt() {
-    scaffold("js", "receipt");
-}
-
-#[test]
-fn python_receipt() {
-    scaffold("python", "receipt");
+pairs! {
+    rust_receipt: "rust" "receipt";
+    rust_natural_key: "rust" "natural-key";
+    rust_version: "rust" "version";
+    rust_upsert: "rust" "upsert";
+    rust_aggregate: "rust" "aggregate";
+    c_receipt: "c" "receipt";
+    c_natural_key: "c" "natural-key";
+    c_version: "c" "version";
+    c_upsert: "c" "upsert";
+    c_aggregate: "c" "aggregate";
+    js_receipt: "js" "receipt";
+    js_natural_key: "js" "natural-key";
+    js_version: "js" "version";
+    js_upsert: "js" "upsert";
+    js_aggregate: "js" "aggregate";
+    python_receipt: "python" "receipt";
+    python_natural_key: "python" "natural-key";
+    python_version: "python" "version";
+    python_upsert: "python" "upsert";
+    python_aggregate: "python" "aggregate";
 }
 
 #[test]
