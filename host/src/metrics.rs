@@ -94,6 +94,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "idem_deploy_refused_total",
         "Deployment records this host refused, by reason (unsigned, untrusted_key, bad_signature, other_handler, replayed, not_a_record, component).",
     ),
+    (
+        "idem_shadow_messages_total",
+        "Sampled messages of a shadow candidate, by result (agreed, diverged: compared with the live version; skipped: not compared).",
+    ),
 ];
 
 /// Histogram names (seconds) with their help text.
@@ -217,6 +221,18 @@ pub fn deploy_refused(handler: &str, reason: &'static str) {
         "idem_deploy_refused_total",
         HANDLER_LABEL => handler.to_owned(),
         "reason" => reason
+    )
+    .increment(1);
+}
+
+/// Counts one sampled message of `handler`'s shadow candidate
+/// (`idem_shadow_messages_total`), `result` being `agreed`, `diverged` or
+/// `skipped`.
+pub fn shadow_message(handler: &str, result: &'static str) {
+    metrics::counter!(
+        "idem_shadow_messages_total",
+        HANDLER_LABEL => handler.to_owned(),
+        "result" => result
     )
     .increment(1);
 }

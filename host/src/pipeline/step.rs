@@ -136,7 +136,7 @@ impl PreparedHandler {
             statement_timeout: cfg.statement_timeout(),
             stats,
             outbox_wake: None,
-            shadow: Arc::new(ShadowSlot::new()),
+            shadow: Arc::new(ShadowSlot::new(&cfg.name)),
         }
     }
 

@@ -58,6 +58,8 @@ pub enum Skip {
 /// One handler's shadow: the candidate in place (if any) and what came of
 /// it on this host.
 pub struct ShadowSlot {
+    /// The handler's name (the metrics' label).
+    handler: String,
     candidate: ArcSwapOption<Candidate>,
     tally: Mutex<Tally>,
 }
@@ -77,16 +79,11 @@ struct Tally {
     refused: Option<(String, String)>,
 }
 
-impl Default for ShadowSlot {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ShadowSlot {
-    /// An empty slot: no candidate.
-    pub fn new() -> Self {
+    /// `handler`'s slot, empty: no candidate.
+    pub fn new(handler: &str) -> Self {
         ShadowSlot {
+            handler: handler.to_owned(),
             candidate: ArcSwapOption::empty(),
             tally: Mutex::default(),
         }
@@ -167,6 +164,12 @@ impl ShadowSlot {
             return;
         }
         t.compared += 1;
+        let result = if divergence.is_some() {
+            "diverged"
+        } else {
+            "agreed"
+        };
+        crate::metrics::shadow_message(&self.handler, result);
         match divergence {
             None => t.agreed += 1,
             Some(d) => {
@@ -183,6 +186,7 @@ impl ShadowSlot {
         let mut t = self.tally();
         if counts_for(&t, candidate) {
             t.skipped += 1;
+            crate::metrics::shadow_message(&self.handler, "skipped");
             tracing::debug!(?why, "shadow run skipped");
         }
     }
