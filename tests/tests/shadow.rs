@@ -350,19 +350,25 @@ async fn a_candidate_past_its_time_is_skipped_and_counted_and_the_live_path_goes
     let host = RunningHost::start(&cfg).await;
     let shadow = host.shadow("h").clone();
     // `behave` sends the credit handler's very statement for `op: credit`,
-    // loops for `op: loop` and traps for `op: trap`.
+    // loops for `op: loop`, traps for `op: trap` and runs `sql` for `op:
+    // sql`.
     let (code, _, err) = deploy(&cfg, &["h", guest("behave").to_str().unwrap(), "--shadow"]);
     assert_eq!(code, 0, "{err}");
     eventually("the candidate in place", || shadow.current().is_some()).await;
     let js = nats.jetstream().await;
-    let ops = ["credit", "loop", "credit", "trap", "loop", "credit"];
+    let ops = ["credit", "loop", "credit", "trap", "loop", "credit", "sql"];
+    // `op: sql` runs a write that outlasts the candidate's time: SQLite
+    // rolls the whole transaction back when a write is interrupted, so the
+    // message runs again at once, without the candidate.
+    let slow = "UPDATE accounts SET balance = (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000000) SELECT count(*) FROM c) WHERE account_id = 1";
     for (i, op) in ops.iter().enumerate() {
-        let payload = serde_json::json!({"event_id": format!("t{i}"), "account_id": 1, "amount": 10, "op": op});
+        let payload = serde_json::json!({"event_id": format!("t{i}"), "account_id": 1, "amount": 10, "op": op, "sql": slow});
         publish(&js, "accounts.credit", &payload.to_string(), &[]).await;
     }
-    host.wait_for("h", "6 applied", |s| s.processed == 6).await;
-    assert_eq!(db.balance(1).await, Some(60));
-    assert_eq!(db.receipts("h").await, 6);
+    let stats = host.wait_for("h", "7 applied", |s| s.processed == 7).await;
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0));
+    assert_eq!(db.balance(1).await, Some(70));
+    assert_eq!(db.receipts("h").await, 7);
     let live = host_slot_digest(&host, "h");
     let report = shadow.report(&live).unwrap();
     assert_eq!(
@@ -372,7 +378,7 @@ async fn a_candidate_past_its_time_is_skipped_and_counted_and_the_live_path_goes
             report.diverged,
             report.skipped
         ),
-        (4, 3, 1, 2)
+        (4, 3, 1, 3)
     );
     let d = &report.divergences[0];
     assert_eq!(

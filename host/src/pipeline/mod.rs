@@ -333,9 +333,28 @@ impl Pipeline {
         d: &Delivery<'_>,
         message_id: &str,
     ) -> Result<Attempt, Unavailable> {
+        match self.transaction_once(d, message_id).await {
+            // Rolled back whole, and the message no longer samples the
+            // candidate: once more, as if it had never run.
+            Err(StepFailed {
+                step: shadow_run::SHADOW_LOST,
+                ..
+            }) => self.transaction_once(d, message_id).await,
+            other => other,
+        }
+        .unwrap_or_else(|StepFailed { step, error }| store_failed(step, error))
+    }
+
+    /// One try of [`Pipeline::transaction`]; `Err` when a database step
+    /// failed.
+    async fn transaction_once(
+        &self,
+        d: &Delivery<'_>,
+        message_id: &str,
+    ) -> Result<Result<Attempt, Unavailable>, StepFailed> {
         let tx = match self.handler.begin(&self.db).await {
             Ok(tx) => tx,
-            Err(e) => return store_failed("BEGIN", e),
+            Err(e) => return Ok(store_failed("BEGIN", e)),
         };
         let msg = d.guest_message(message_id);
         // No receipt, but beyond the memory horizon: the receipt that would
@@ -359,7 +378,7 @@ impl Pipeline {
                 })
             })
             .flatten();
-        match self
+        let attempt = match self
             .handler
             .apply(tx, msg, admit, order_key.as_deref())
             .await
@@ -389,8 +408,9 @@ impl Pipeline {
             Ok(Applied::GuestFailed(failure, _)) => Ok(Attempt::GuestFailed(failure)),
             // Failed, or at COMMIT outcome unknown: never ack. An unknown
             // outcome runs again, where the receipt decides.
-            Err(StepFailed { step, error }) => store_failed(step, error),
-        }
+            Err(failed) => return Err(failed),
+        };
+        Ok(attempt)
     }
 
     /// Counts `d`'s COMMIT: its guest and COMMIT times, and the time from

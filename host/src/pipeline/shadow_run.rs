@@ -30,7 +30,7 @@ use super::step::{PreparedHandler, StepFailed, rolled_back};
 use crate::runtime::rehearsal::Rehearsal;
 use crate::runtime::{GuestMessage, HandlerComponent, HandlerFailure, Invocation};
 use crate::shadow::compare::{Divergence, Observed, Verdict, first_difference};
-use crate::shadow::{Candidate, Skip};
+use crate::shadow::{Candidate, Judged, Skip};
 use crate::store::Tx;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +41,13 @@ use std::time::Duration;
 pub fn shadow_time(deadline: Duration) -> Duration {
     deadline / 4
 }
+
+/// The step a [`StepFailed`] names when the candidate lost the message's
+/// transaction (its savepoint could not be rolled back, or the role or
+/// budget after it could not be set): the transaction was rolled back
+/// whole, and the message is to run again at once, without the candidate
+/// ([`crate::shadow::ShadowSlot::spoil`]).
+pub const SHADOW_LOST: &str = "the shadow candidate's savepoint";
 
 /// Less than this left of [`shadow_time`]: the candidate is not run.
 pub const MIN_SHADOW_TIME: Duration = Duration::from_millis(1);
@@ -73,13 +80,14 @@ impl PreparedHandler {
         tx: Tx,
         msg: &GuestMessage,
         room: Duration,
+        judged: &mut Vec<Judged>,
     ) -> Result<(Tx, Option<ShadowRun>), StepFailed> {
         let Some(candidate) = self.shadow().pick(live.digest(), &msg.message_id) else {
             return Ok((tx, None));
         };
         let bound = room;
         if room < MIN_SHADOW_TIME {
-            self.shadow().skipped(&candidate, Skip::Time);
+            judged.push(Judged::Skipped(candidate, Skip::Time));
             return Ok((tx, None));
         }
         let mut tx = tx;
@@ -103,13 +111,21 @@ impl PreparedHandler {
             .handle(&candidate.component, &call, tx, msg.clone())
             .await;
         let conflict = back.take_conflict();
-        let mut tx = self.end_message(back, false).await?;
+        let lost = |failed: StepFailed| {
+            tracing::warn!(message_id = %msg.message_id, step = %failed.step, error = %failed.error, "the shadow candidate lost the message's transaction; the message runs again at once without it");
+            self.shadow().spoil(&candidate, &msg.message_id);
+            StepFailed {
+                step: SHADOW_LOST,
+                error: failed.error,
+            }
+        };
+        let mut tx = self.end_message(back, false).await.map_err(lost)?;
         if let Err(error) = tx.reset_role().await {
-            return Err(rolled_back(tx, "SET LOCAL ROLE NONE", error).await);
+            return Err(lost(rolled_back(tx, "SET LOCAL ROLE NONE", error).await));
         }
         // On SQLite the live version's statements get their whole budget.
         if let Err(error) = tx.renew_budget(self.statement_timeout()).await {
-            return Err(rolled_back(tx, "SAVEPOINT", error).await);
+            return Err(lost(rolled_back(tx, "SAVEPOINT", error).await));
         }
         let recorded = recorder.recorded().clone();
         let result = result.map(|entries| entries.len());
@@ -121,7 +137,7 @@ impl PreparedHandler {
             None
         };
         if let Some(why) = skip {
-            self.shadow().skipped(&candidate, why);
+            judged.push(Judged::Skipped(candidate, why));
             return Ok((tx, None));
         }
         let run = ShadowRun {
@@ -141,15 +157,18 @@ impl PreparedHandler {
     /// Compares `run`'s candidate with the live call it recorded, which
     /// ended with `live` (`Ok(n)`: succeeded with `n` outbox rows), and
     /// counts the outcome. `conflict`: a live statement lost a lock
-    /// conflict (the message runs again; nothing is judged).
+    /// conflict (the message runs again; nothing is judged). What came of
+    /// it goes to `judged`, to be counted once the transaction's fate is
+    /// known.
     pub(super) fn shadow_compare(
         &self,
         run: ShadowRun,
         live: &Result<usize, HandlerFailure>,
         conflict: bool,
+        judged: &mut Vec<Judged>,
     ) {
         if conflict {
-            self.shadow().skipped(&run.candidate, Skip::Conflict);
+            judged.push(Judged::Skipped(run.candidate, Skip::Conflict));
             return;
         }
         let live = Observed {
@@ -167,6 +186,6 @@ impl PreparedHandler {
                 &run.observed,
             )
         });
-        self.shadow().compared(&run.candidate, divergence);
+        judged.push(Judged::Compared(run.candidate, divergence));
     }
 }

@@ -289,18 +289,29 @@ impl PreparedHandler {
         {
             return Err(rolled_back(tx, "SET LOCAL ROLE", error).await);
         }
+        let mut judged = Vec::new();
         let (tx, shadow) = self
-            .shadow_first(&component, tx, &msg, shadow_time(self.limits.deadline))
+            .shadow_first(
+                &component,
+                tx,
+                &msg,
+                shadow_time(self.limits.deadline),
+                &mut judged,
+            )
             .await?;
         let guest_started = Instant::now();
         let live = shadow.as_ref().map(|run| run.live.clone());
         let outcome = self.run_guest(&component, tx, msg, live).await;
         if let Some(run) = shadow {
-            let judged = match &outcome {
+            let result = match &outcome {
                 Ok((_, rows)) => Ok(*rows),
                 Err((failure, _)) => Err(failure.clone()),
             };
-            self.shadow_compare(run, &judged, false);
+            self.shadow_compare(run, &result, false, &mut judged);
+        }
+        if outcome.is_err() {
+            // Final for this attempt: the message failed for itself.
+            self.shadow.count(std::mem::take(&mut judged));
         }
         match outcome {
             Ok((tx, outbox_rows)) => {
@@ -308,6 +319,7 @@ impl PreparedHandler {
                 let commit_started = Instant::now();
                 match tx.commit().await {
                     Ok(()) => {
+                        self.shadow.count(judged);
                         self.committed_outbox(outbox_rows);
                         Ok(Applied::Committed(CommitTimings {
                             handler,
@@ -452,6 +464,7 @@ impl PreparedHandler {
         let batch_started = Instant::now();
         let budget = batch_budget(self.limits.deadline);
         let mut shadow_left = shadow_time(self.limits.deadline);
+        let mut judged = Vec::new();
         for (msg, new) in msgs.into_iter().zip(new) {
             if !new {
                 items.push(BatchItem::Duplicate);
@@ -468,7 +481,9 @@ impl PreparedHandler {
                 continue;
             }
             let shadow_started = Instant::now();
-            let (back, shadow) = self.shadow_first(&component, tx, &msg, shadow_left).await?;
+            let (back, shadow) = self
+                .shadow_first(&component, tx, &msg, shadow_left, &mut judged)
+                .await?;
             tx = back;
             shadow_left = shadow_left.saturating_sub(shadow_started.elapsed());
             if let Err(error) = tx.begin_message(self.statement_timeout).await {
@@ -480,7 +495,7 @@ impl PreparedHandler {
             let (result, mut back) = self.call_guest(&component, tx, msg, live).await;
             let conflict = back.take_conflict();
             if let Some(run) = shadow {
-                self.shadow_compare(run, &result, conflict);
+                self.shadow_compare(run, &result, conflict, &mut judged);
             }
             let applied = result.is_ok() && !conflict;
             tx = self.end_message(back, applied).await?;
@@ -503,6 +518,7 @@ impl PreparedHandler {
         let commit_started = Instant::now();
         match tx.commit().await {
             Ok(()) => {
+                self.shadow.count(judged);
                 self.committed_outbox(outbox_rows);
                 Ok(BatchApplied {
                     items,

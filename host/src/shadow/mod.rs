@@ -30,6 +30,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The most divergent messages a host keeps per handler (the first ones).
 pub const MAX_KEPT_DIVERGENCES: usize = 5;
 
+/// The most message ids a slot remembers as spoiled ([`ShadowSlot::spoil`]).
+pub const MAX_SPOILED: usize = 1024;
+
 /// The most bytes of JSON one handler's [`ShadowReport`] takes in a host's
 /// report: the divergences kept last are left out of it past this.
 pub const MAX_REPORT_BYTES: usize = 64 * 1024;
@@ -55,6 +58,16 @@ pub enum Skip {
     Conflict,
 }
 
+/// What came of one sampled message, counted once its transaction's fate
+/// is known ([`ShadowSlot::count`]): a message whose transaction is rolled
+/// back for another message's sake and runs again is counted once.
+pub enum Judged {
+    /// Compared: agreed (`None`) or the divergence.
+    Compared(Arc<Candidate>, Option<Divergence>),
+    /// Not compared.
+    Skipped(Arc<Candidate>, Skip),
+}
+
 /// One handler's shadow: the candidate in place (if any) and what came of
 /// it on this host.
 pub struct ShadowSlot {
@@ -62,6 +75,8 @@ pub struct ShadowSlot {
     handler: String,
     candidate: ArcSwapOption<Candidate>,
     tally: Mutex<Tally>,
+    /// Messages whose transaction a candidate lost: they run without it.
+    spoiled: Mutex<std::collections::VecDeque<String>>,
 }
 
 /// What a host counted for one candidate.
@@ -86,6 +101,7 @@ impl ShadowSlot {
             handler: handler.to_owned(),
             candidate: ArcSwapOption::empty(),
             tally: Mutex::default(),
+            spoiled: Mutex::default(),
         }
     }
 
@@ -107,8 +123,31 @@ impl ShadowSlot {
     pub fn pick(&self, live_digest: &str, message_id: &str) -> Option<Arc<Candidate>> {
         let c = self.candidate.load();
         let c = c.as_ref()?;
-        (c.record.against == live_digest && sampled(message_id, c.record.sample_ppm))
-            .then(|| c.clone())
+        if c.record.against != live_digest || !sampled(message_id, c.record.sample_ppm) {
+            return None;
+        }
+        let spoiled = self
+            .spoiled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (!spoiled.iter().any(|id| id == message_id)).then(|| c.clone())
+    }
+
+    /// `candidate` lost the transaction of message `message_id` (SQLite
+    /// rolls a whole transaction back when a write statement is
+    /// interrupted, as at the candidate's deadline): counted as skipped,
+    /// and the message runs without a candidate from now on (the last
+    /// [`MAX_SPOILED`] such messages are remembered).
+    pub fn spoil(&self, candidate: &Candidate, message_id: &str) {
+        self.skipped(candidate, Skip::Time);
+        let mut spoiled = self
+            .spoiled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if spoiled.len() >= MAX_SPOILED {
+            spoiled.pop_front();
+        }
+        spoiled.push_back(message_id.to_owned());
     }
 
     /// Puts `candidate` in place; its counts start at zero unless it is the
@@ -153,6 +192,17 @@ impl ShadowSlot {
     /// The refusal remembered, if any: (digest or `revision N`, why).
     pub fn refused(&self) -> Option<(String, String)> {
         self.tally().refused.clone()
+    }
+
+    /// Counts what came of the sampled messages of a transaction whose
+    /// fate is known (it committed, or its message failed for itself).
+    pub fn count(&self, judged: Vec<Judged>) {
+        for j in judged {
+            match j {
+                Judged::Compared(c, divergence) => self.compared(&c, divergence),
+                Judged::Skipped(c, why) => self.skipped(&c, why),
+            }
+        }
     }
 
     /// Counts a compared message of `candidate`: agreed when `divergence`
