@@ -82,6 +82,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     };
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
+    store.create_shadows().await?;
     let Some(key) = key else {
         if args.shadow_report {
             return super::shadow::report(&store, &h.name).await;
@@ -212,7 +213,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     };
     if args.promote {
         // Live now: the shadow has nothing left to compare.
-        store.shadows().delete(&h.name).await.map_err(|e| {
+        store.shadows().await?.delete(&h.name).await.map_err(|e| {
             anyhow::anyhow!(
                 "{digest} is deployed, but the shadow record of `{}` could not be deleted ({e}); drop it with `idem deploy {} --abort`",
                 h.name,
@@ -472,6 +473,7 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
+    store.create_shadows().await?;
     let store = with_marks(&config, store).await;
     let reports = reports(&store).await?;
     if reports.is_empty() {

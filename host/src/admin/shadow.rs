@@ -117,6 +117,7 @@ pub async fn deploy(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let revision = store
         .shadows()
+        .await?
         .put(&h.name, record.to_value().into())
         .await
         .map_err(|e| {
@@ -143,7 +144,7 @@ pub async fn current(
     store: &DeployStore,
     handler: &str,
 ) -> anyhow::Result<Option<Result<ShadowRecord, String>>> {
-    let entry = store.shadows().entry(handler).await.map_err(|e| {
+    let entry = store.shadows().await?.entry(handler).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot read `{handler}` in bucket {}: {e}",
             store.config().shadows_bucket
@@ -165,7 +166,7 @@ pub async fn abort(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
     let Some(record) = current(store, handler).await? else {
         anyhow::bail!("`{handler}` has no shadow deployment to abort");
     };
-    store.shadows().delete(handler).await.map_err(|e| {
+    store.shadows().await?.delete(handler).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot delete `{handler}` in bucket {}: {e}",
             store.config().shadows_bucket

@@ -34,7 +34,11 @@ pub struct DeployStore {
     deployments: kv::Store,
     modules: object_store::ObjectStore,
     hosts: kv::Store,
-    shadows: kv::Store,
+    /// The shadows bucket, opened (or created) on first use: a host that
+    /// may not create buckets starts without it, and an installation
+    /// that never shadow-deploys never makes it.
+    shadows: Arc<tokio::sync::OnceCell<kv::Store>>,
+    js: jetstream::Context,
     names: DeployConfig,
     trust: Arc<Trust>,
     /// Whether the deployments bucket keeps what a chain check needs: its
@@ -136,16 +140,6 @@ impl DeployStore {
             },
         )
         .await?;
-        let shadows = open_kv(
-            js,
-            kv::Config {
-                bucket: names.shadows_bucket.clone(),
-                description: "idem: shadow deployments (key = handler)".into(),
-                history: 1,
-                ..Default::default()
-            },
-        )
-        .await?;
         let modules = match js.get_object_store(&names.modules_bucket).await {
             Ok(store) => store,
             Err(_) => match js
@@ -177,7 +171,8 @@ impl DeployStore {
             deployments,
             modules,
             hosts,
-            shadows,
+            shadows: Arc::default(),
+            js: js.clone(),
             names: names.clone(),
             trust: Arc::new(trust),
             history_kept,
@@ -255,9 +250,46 @@ impl DeployStore {
         &self.hosts
     }
 
-    /// The shadows KV bucket ([`crate::shadow::record`]).
-    pub fn shadows(&self) -> &kv::Store {
-        &self.shadows
+    /// The shadows KV bucket ([`crate::shadow::record`]), opened on first
+    /// use; never created here (a host's NATS user may not create
+    /// buckets: [`DeployStore::create_shadows`] does, for the deployer's
+    /// commands).
+    ///
+    /// # Errors
+    /// One line: the bucket does not exist (yet), or the broker would not
+    /// open it.
+    pub async fn shadows(&self) -> anyhow::Result<&kv::Store> {
+        self.shadows
+            .get_or_try_init(|| async {
+                let bucket = &self.names.shadows_bucket;
+                self.js.get_key_value(bucket).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot open KV bucket {bucket}: {e}; `idem status` or `idem deploy` (as the deployer) creates it"
+                    )
+                })
+            })
+            .await
+    }
+
+    /// The shadows KV bucket, created when missing (`idem status`, `idem
+    /// deploy`).
+    ///
+    /// # Errors
+    /// One line naming the bucket the broker would not open or create.
+    pub async fn create_shadows(&self) -> anyhow::Result<&kv::Store> {
+        self.shadows
+            .get_or_try_init(|| {
+                open_kv(
+                    &self.js,
+                    kv::Config {
+                        bucket: self.names.shadows_bucket.clone(),
+                        description: "idem: shadow deployments (key = handler)".into(),
+                        history: 1,
+                        ..Default::default()
+                    },
+                )
+            })
+            .await
     }
 
     /// `handler`'s entry in the deployments bucket; `None` when it has

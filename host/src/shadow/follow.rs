@@ -24,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 /// How often each handler's key in the shadows bucket is read.
 pub const POLL: Duration = Duration::from_secs(1);
 
+/// How long a host without the shadows bucket waits before it looks for
+/// it again (a deployer's command creates it).
+pub const BUCKET_RETRY: Duration = Duration::from_secs(2);
+
 /// How long a refused record is left alone before it is tried again.
 pub const RETRY_REFUSED: Duration = Duration::from_secs(60);
 
@@ -62,12 +66,21 @@ pub fn spawn(
         }
         let mut acted: HashMap<String, Acted> = HashMap::new();
         loop {
-            for h in &handlers {
-                check(&store, h, &mut acted).await;
-            }
+            let wait = match store.shadows().await {
+                Ok(_) => {
+                    for h in &handlers {
+                        check(&store, h, &mut acted).await;
+                    }
+                    POLL
+                }
+                Err(e) => {
+                    tracing::debug!(error = %format!("{e:#}"), "no shadows bucket yet; looking again later");
+                    BUCKET_RETRY
+                }
+            };
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     })
@@ -75,7 +88,10 @@ pub fn spawn(
 
 /// Reads `h`'s key once and acts on what changed.
 async fn check(store: &DeployStore, h: &Shadowed, acted: &mut HashMap<String, Acted>) {
-    let entry = match store.shadows().entry(&h.name).await {
+    let Ok(bucket) = store.shadows().await else {
+        return;
+    };
+    let entry = match bucket.entry(&h.name).await {
         Ok(entry) => entry.filter(|e| e.operation == Operation::Put),
         Err(e) => {
             tracing::debug!(handler = %h.name, error = %e, "cannot read the shadows bucket; trying again");
