@@ -317,6 +317,32 @@ async fn an_identical_candidate_is_reported_on_no_message_batched_and_sampled() 
         "{out}"
     );
 
+    // Another version goes live: the shadow stops (it was compared with
+    // the old one) and cannot be promoted over it.
+    let log_path = guest("credit-log");
+    let logged = sha256_hex(&std::fs::read(&log_path).unwrap());
+    let (code, _, err) = deploy(
+        &cfg,
+        &[
+            "h",
+            log_path.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "20s",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(!shadow.report(&logged).unwrap().active);
+    let (code, out, err) = deploy(&cfg, &["h", "--promote"]);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "idem: the shadow of `h` was compared with {live}, but `h` runs {logged} now: nothing was deployed; shadow the candidate against this version first (`idem deploy h MODULE --shadow`)\n"
+        )
+    );
+    assert_eq!(host_slot_digest(&host, "h"), logged);
+
     // Aborted: the candidate goes, the live version stays.
     let (code, out, err) = deploy(&cfg, &["h", "--abort"]);
     assert_eq!(
@@ -328,7 +354,7 @@ async fn an_identical_candidate_is_reported_on_no_message_batched_and_sampled() 
         "{err}"
     );
     eventually("the shadow dropped", || shadow.current().is_none()).await;
-    assert_eq!(host_slot_digest(&host, "h"), live);
+    assert_eq!(host_slot_digest(&host, "h"), logged);
     let (code, _, err) = deploy(&cfg, &["h", "--abort"]);
     assert_eq!(
         (code, err.as_str()),

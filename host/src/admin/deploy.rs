@@ -105,6 +105,8 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     let replaces = store.last_revision(&h.name).await?;
     let mark = store.mark(&h.name).await?.map_or(0, |m| m.sequence);
     let sequence = next_sequence(&store, &h.name, &history, mark)?;
+    // The shadow record's revision, when promoting.
+    let mut promoted = None;
     let (bytes, origin) = if args.rollback {
         let Some(previous) = running.as_ref().and_then(|d| d.previous.clone()) else {
             anyhow::bail!(
@@ -118,13 +120,31 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     } else if args.promote {
         let shadow = match super::shadow::current(&store, &h.name).await? {
             None => anyhow::bail!("`{}` has no shadow deployment to promote", h.name),
-            Some(Err(why)) => anyhow::bail!(
+            Some((_, Err(why))) => anyhow::bail!(
                 "the shadow record of `{}` is not one hosts run, so it is not promoted: {}",
                 h.name,
                 escaped(&why, 300)
             ),
-            Some(Ok(r)) => r,
+            Some((revision, Ok(r))) => {
+                promoted = Some(revision);
+                r
+            }
         };
+        let live = match &running {
+            Some(d) => d.digest.clone(),
+            None => std::fs::read(&h.module)
+                .map(|m| hex::encode(Sha256::digest(&m)))
+                .unwrap_or_default(),
+        };
+        if shadow.against != live {
+            anyhow::bail!(
+                "the shadow of `{}` was compared with {}, but `{}` runs {live} now: nothing was deployed; shadow the candidate against this version first (`idem deploy {} MODULE --shadow`)",
+                h.name,
+                shadow.against,
+                h.name,
+                h.name
+            );
+        }
         let bytes = store
             .fetch_module(&shadow.digest, Some(shadow.size))
             .await?;
@@ -211,15 +231,11 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         );
         revision
     };
-    if args.promote {
+    if let Some(revision) = promoted {
         // Live now: the shadow has nothing left to compare.
-        store.shadows().await?.delete(&h.name).await.map_err(|e| {
-            anyhow::anyhow!(
-                "{digest} is deployed, but the shadow record of `{}` could not be deleted ({e}); drop it with `idem deploy {} --abort`",
-                h.name,
-                h.name
-            )
-        })?;
+        super::shadow::delete(&store, &h.name, revision)
+            .await
+            .map_err(|e| anyhow::anyhow!("{digest} is deployed, but {e:#}"))?;
         println!("shadow of `{}` promoted and dropped", h.name);
     }
     if args.wait {

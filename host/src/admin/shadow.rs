@@ -44,6 +44,11 @@ pub fn parse_sample(text: &str) -> Result<u32, String> {
             "`{text}` is not a share of messages above 0 and at most 1 (100%)"
         ));
     }
+    if share < 1.0 / f64::from(ALL_PPM) {
+        return Err(format!(
+            "`{text}` is below the smallest sample, one message in a million (0.0001%)"
+        ));
+    }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // within 1..=1e6
     let ppm = ((share * f64::from(ALL_PPM)).round() as u32).clamp(1, ALL_PPM);
     Ok(ppm)
@@ -51,8 +56,7 @@ pub fn parse_sample(text: &str) -> Result<u32, String> {
 
 /// `ppm` as a percentage for people: `25%`, `0.1%`.
 fn percent(ppm: u32) -> String {
-    let p = f64::from(ppm) / 10_000.0;
-    format!("{}%", (p * 1000.0).round() / 1000.0)
+    format!("{}%", f64::from(ppm) / 10_000.0)
 }
 
 /// The digest `handler` runs now: its latest believed deployment, else its
@@ -87,9 +91,16 @@ pub async fn deploy(
     sample_ppm: u32,
     key: &nkeys::KeyPair,
 ) -> anyhow::Result<()> {
+    if h.watch {
+        anyhow::bail!(
+            "`{}` has watch = true: its hosts run its module file and follow no deployments, shadows included; turn watch off to deploy through the broker",
+            h.name
+        );
+    }
     let bytes = std::fs::read(module)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", module.display()))?;
     validate(config, &bytes, module, LoadOptions { wasi: h.wasi }).await?;
+    store.create_shadows().await?;
     let digest = hex::encode(Sha256::digest(&bytes));
     let against = live_digest(store, h).await?;
     if digest == against {
@@ -135,15 +146,15 @@ pub async fn deploy(
     Ok(())
 }
 
-/// `h`'s shadow record, if its key holds one: `Err` says why it is not
-/// one hosts run.
+/// A shadow record as read: its KV revision, and the record, or why it is
+/// not one hosts run.
+pub type Current = (u64, Result<ShadowRecord, String>);
+
+/// `h`'s shadow record, if its key holds one.
 ///
 /// # Errors
 /// The broker did not answer.
-pub async fn current(
-    store: &DeployStore,
-    handler: &str,
-) -> anyhow::Result<Option<Result<ShadowRecord, String>>> {
+pub async fn current(store: &DeployStore, handler: &str) -> anyhow::Result<Option<Current>> {
     let entry = store.shadows().await?.entry(handler).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot read `{handler}` in bucket {}: {e}",
@@ -151,10 +162,29 @@ pub async fn current(
         )
     })?;
     Ok(entry.filter(|e| e.operation == Operation::Put).map(|e| {
-        let record = ShadowRecord::parse(&e.value)?;
-        record.believed(handler, store.trust())?;
-        Ok(record)
+        let record = ShadowRecord::parse(&e.value)
+            .and_then(|r| r.believed(handler, store.trust()).map(|()| r));
+        (e.revision, record)
     }))
+}
+
+/// Deletes `handler`'s shadow record if the key's last revision is still
+/// `revision` (one written meanwhile is left alone).
+///
+/// # Errors
+/// Another record came first, or the broker refused.
+pub async fn delete(store: &DeployStore, handler: &str, revision: u64) -> anyhow::Result<()> {
+    store
+        .shadows()
+        .await?
+        .delete_expect_revision(handler, Some(revision))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot delete `{handler}` at revision {revision} in bucket {} ({e}): another shadow record may have come first; `idem deploy {handler} --shadow-report` shows it",
+                store.config().shadows_bucket
+            )
+        })
 }
 
 /// Drops `handler`'s shadow: its key is deleted, and every host takes the
@@ -163,15 +193,10 @@ pub async fn current(
 /// # Errors
 /// The broker refused.
 pub async fn abort(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
-    let Some(record) = current(store, handler).await? else {
+    let Some((revision, record)) = current(store, handler).await? else {
         anyhow::bail!("`{handler}` has no shadow deployment to abort");
     };
-    store.shadows().await?.delete(handler).await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot delete `{handler}` in bucket {}: {e}",
-            store.config().shadows_bucket
-        )
-    })?;
+    delete(store, handler, revision).await?;
     match record {
         Ok(r) => println!(
             "shadow of `{handler}` dropped ({} no longer runs)",
@@ -190,15 +215,15 @@ pub async fn abort(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
 /// # Errors
 /// The broker cannot be read, or the handler has no shadow deployment.
 pub async fn report(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
-    let record = match current(store, handler).await? {
+    let (revision, record) = match current(store, handler).await? {
         None => anyhow::bail!(
             "`{handler}` has no shadow deployment (`idem deploy {handler} MODULE --shadow` makes one)"
         ),
-        Some(Err(why)) => anyhow::bail!(
+        Some((_, Err(why))) => anyhow::bail!(
             "the shadow record of `{handler}` is not one hosts run: {}",
             escaped(&why, 300)
         ),
-        Some(Ok(r)) => r,
+        Some((revision, Ok(r))) => (revision, r),
     };
     println!(
         "shadow of `{handler}`: candidate {} against live {}, sample {}, deployed {} by {}",
@@ -255,7 +280,7 @@ pub async fn report(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
             );
             continue;
         }
-        if s.candidate != record.digest {
+        if s.candidate != record.digest || s.revision != revision {
             println!(
                 "{host}{mark}: runs candidate {} (not this record's yet)",
                 bounded(&s.candidate)
@@ -276,10 +301,11 @@ pub async fn report(store: &DeployStore, handler: &str) -> anyhow::Result<()> {
         );
         if counted {
             hosts += 1;
-            total.compared += s.compared;
-            total.agreed += s.agreed;
-            total.diverged += s.diverged;
-            total.skipped += s.skipped;
+            // Numbers from the hosts bucket: added without overflow.
+            total.compared = total.compared.saturating_add(s.compared);
+            total.agreed = total.agreed.saturating_add(s.agreed);
+            total.diverged = total.diverged.saturating_add(s.diverged);
+            total.skipped = total.skipped.saturating_add(s.skipped);
             divergent.extend(s.divergences.iter().map(|d| (host.clone(), d.clone())));
         }
     }
@@ -316,7 +342,11 @@ fn print_side(name: &str, side: &Side) {
         side.total
     );
     for (i, line) in side.statements.iter().enumerate() {
-        println!("      #{} {}", side.first + i, escaped(line, 600));
+        println!(
+            "      #{} {}",
+            side.first.saturating_add(i),
+            escaped(line, 600)
+        );
     }
 }
 
@@ -334,7 +364,11 @@ mod tests {
         assert_eq!(parse_sample("0.0001%"), Ok(1));
         assert_eq!(percent(250_000), "25%");
         assert_eq!(percent(1_000), "0.1%");
-        for bad in ["0", "0%", "1.5", "101%", "-1", "x", "NaN", "inf"] {
+        assert_eq!(percent(1), "0.0001%");
+        assert_eq!(percent(333_333), "33.3333%");
+        for bad in [
+            "0", "0%", "1.5", "101%", "-1", "x", "NaN", "inf", "1e-9", "0.00001%",
+        ] {
             assert!(parse_sample(bad).is_err(), "{bad}");
         }
     }

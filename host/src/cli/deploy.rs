@@ -27,7 +27,7 @@ pub struct DeployArgs {
     /// Deploy MODULE as a shadow: hosts keep running the live version and
     /// also run MODULE on a sample of messages, in a savepoint always
     /// rolled back, and compare what the two did.
-    #[arg(long, requires = "module", conflicts_with_all = ["rollback", "wait"])]
+    #[arg(long, requires = "module", conflicts_with_all = ["rollback", "wait", "note"])]
     pub shadow: bool,
     /// With --shadow: the share of messages the candidate runs for, `0.25`
     /// or `25%`.

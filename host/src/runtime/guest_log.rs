@@ -306,12 +306,16 @@ impl GuestLog {
 
     /// Logs the unfinished stdout/stderr lines and, once, that the
     /// per-message cap was reached and how much it dropped; returns the
-    /// bytes of guest text dropped.
+    /// bytes of guest text dropped. A quiet rehearsal's call (a shadow
+    /// candidate's) logs nothing and returns 0.
     pub(crate) fn finish(&mut self) -> usize {
         for stream in [Stream::Stdout, Stream::Stderr] {
             if !stream.of(&mut self.pending).bytes.is_empty() {
                 self.emit(stream, false);
             }
+        }
+        if self.rehearsal.as_ref().is_some_and(|r| r.is_quiet()) {
+            return 0;
         }
         if self.dropped_bytes > 0 || self.dropped_lines > 0 {
             tracing::warn!(
