@@ -197,8 +197,38 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
+/// The most bytes of JSON a host's report takes before the divergences of
+/// its shadows are left out of it, the most kept first: well under what
+/// `idem status` reads of one report (256 KiB) and a NATS message's
+/// default maximum (1 MiB).
+pub const MAX_SHADOW_BYTES: usize = 128 * 1024;
+
 /// The report of `handlers` now.
 pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport {
+    let mut report = unbounded_report(host, started_at, handlers);
+    fit(&mut report);
+    report
+}
+
+/// Leaves divergences out of `report`, from the shadow keeping the most,
+/// until its JSON is at most [`MAX_SHADOW_BYTES`] or none is left.
+fn fit(report: &mut HostReport) {
+    while serde_json::to_vec(&report).map_or(0, |v| v.len()) > MAX_SHADOW_BYTES {
+        let most = report
+            .handlers
+            .iter_mut()
+            .filter_map(|h| h.shadow.as_mut())
+            .max_by_key(|s| s.divergences.len());
+        match most {
+            Some(s) if !s.divergences.is_empty() => {
+                s.divergences.pop();
+            }
+            _ => break,
+        }
+    }
+}
+
+fn unbounded_report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport {
     HostReport {
         host: host.to_owned(),
         started_at: started_at.to_owned(),
@@ -322,6 +352,62 @@ mod tests {
         let mut theirs = report("a-1");
         theirs.sign(&other).unwrap();
         assert!(!theirs.verified("a-1", &trusted));
+    }
+
+    #[test]
+    fn shadow_divergences_are_left_out_past_the_report_bound() {
+        use crate::shadow::compare::{Divergence, Side};
+        let side = Side {
+            verdict: "ok".into(),
+            first: 1,
+            statements: vec!["x".repeat(400); 6],
+            total: 6,
+        };
+        let divergence = Divergence {
+            message_id: "m".into(),
+            subject: "s".into(),
+            stream_sequence: 1,
+            what: "statement 1: the SQL differs".into(),
+            live: side.clone(),
+            candidate: side,
+        };
+        let mut r = report("a-1");
+        let one = r.handlers[0].clone();
+        r.handlers = (0..40)
+            .map(|i| HandlerReport {
+                name: format!("h{i}"),
+                shadow: Some(ShadowReport {
+                    candidate: "c".repeat(64),
+                    against: "a".repeat(64),
+                    sample_ppm: 1_000_000,
+                    revision: 1,
+                    active: true,
+                    compared: 5,
+                    agreed: 0,
+                    diverged: 5,
+                    skipped: 0,
+                    refused: None,
+                    divergences: vec![divergence.clone(); 5],
+                }),
+                ..one.clone()
+            })
+            .collect();
+        assert!(serde_json::to_vec(&r).unwrap().len() > 4 * MAX_SHADOW_BYTES);
+        fit(&mut r);
+        let len = serde_json::to_vec(&r).unwrap().len();
+        assert!(len <= MAX_SHADOW_BYTES, "{len}");
+        let kept: usize = r
+            .handlers
+            .iter()
+            .map(|h| h.shadow.as_ref().unwrap().divergences.len())
+            .sum();
+        assert!((1..200).contains(&kept), "{kept}");
+        // Counts stay whole.
+        assert!(
+            r.handlers
+                .iter()
+                .all(|h| h.shadow.as_ref().unwrap().diverged == 5)
+        );
     }
 
     #[test]

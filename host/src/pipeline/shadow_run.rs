@@ -143,6 +143,7 @@ impl PreparedHandler {
         let run = ShadowRun {
             candidate,
             observed: Observed {
+                statements_used: recorded.statements_used,
                 statements: recorded.statements,
                 verdict: Verdict::of(&result),
             },
@@ -171,20 +172,22 @@ impl PreparedHandler {
             judged.push(Judged::Skipped(run.candidate, Skip::Conflict));
             return;
         }
+        let recorded = run.live.recorded().clone();
         let live = Observed {
-            statements: run.live.recorded().statements.clone(),
+            statements: recorded.statements,
+            statements_used: recorded.statements_used,
             verdict: Verdict::of(live),
         };
         let divergence = first_difference(&live, &run.observed).map(|d| {
             tracing::debug!(message_id = %run.message_id, what = %d.what, "shadow candidate diverged");
-            Divergence::new(
+            Box::new(Divergence::new(
                 &run.message_id,
                 &run.subject,
                 run.stream_sequence,
                 &d,
                 &live,
                 &run.observed,
-            )
+            ))
         });
         judged.push(Judged::Compared(run.candidate, divergence));
     }

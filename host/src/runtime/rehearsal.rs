@@ -157,7 +157,7 @@ impl Rehearsal {
                         *t = clip(std::mem::take(t), MAX_RECORDED_VALUE_BYTES);
                     }
                     SqlValue::Bytes(b) if b.len() > MAX_RECORDED_VALUE_BYTES => {
-                        *p = SqlValue::Text(format!("<{} bytes>", b.len()));
+                        *p = SqlValue::Text(format!("<{} bytes, {}>", b.len(), fingerprint(b)));
                     }
                     _ => {}
                 }
@@ -176,19 +176,32 @@ impl Rehearsal {
 }
 
 /// `text` cut to at most `max` bytes on a char boundary, followed by
-/// `… (N bytes)` (N its whole length) when cut.
+/// `… (N bytes, sha256:…)` (N its whole length, [`fingerprint`]) when cut.
 fn clip(mut text: String, max: usize) -> String {
     if text.len() <= max {
         return text;
     }
     let whole = text.len();
+    let print = fingerprint(text.as_bytes());
     let mut cut = max;
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
     text.truncate(cut);
-    text.push_str(&format!("… ({whole} bytes)"));
+    text.push_str(&format!("… ({whole} bytes, {print})"));
     text
+}
+
+/// What stands for a value cut from a record: `sha256:` and the first 8
+/// bytes of its SHA-256, so two values cut to the same text still compare
+/// unequal ([`crate::shadow::compare`]).
+fn fingerprint(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(bytes);
+    format!(
+        "sha256:{}",
+        hex::encode(digest.get(..8).unwrap_or_default())
+    )
 }
 
 #[cfg(test)]
@@ -216,16 +229,23 @@ mod tests {
         });
         let rec = r.recorded();
         let s = &rec.statements[0];
-        assert_eq!(
-            s.sql.len(),
-            MAX_RECORDED_SQL_BYTES + "… (16394 bytes)".len()
-        );
-        assert!(s.sql.ends_with("… (16394 bytes)"));
+        let sql_print = fingerprint("x".repeat(MAX_RECORDED_SQL_BYTES + 10).as_bytes());
+        let marker = format!("… (16394 bytes, {sql_print})");
+        assert_eq!(s.sql.len(), MAX_RECORDED_SQL_BYTES + marker.len());
+        assert!(s.sql.ends_with(&marker));
+        assert_eq!(sql_print.len(), "sha256:".len() + 16);
         let SqlValue::Text(t) = &s.params[0] else {
             panic!()
         };
-        assert!(t.ends_with("… (2048 bytes)"), "{t}");
-        assert_eq!(s.params[1], SqlValue::Text("<1025 bytes>".into()));
+        let text_print = fingerprint("é".repeat(MAX_RECORDED_VALUE_BYTES).as_bytes());
+        assert!(t.ends_with(&format!("… (2048 bytes, {text_print})")), "{t}");
+        assert_eq!(
+            s.params[1],
+            SqlValue::Text(format!(
+                "<1025 bytes, {}>",
+                fingerprint(&[0; MAX_RECORDED_VALUE_BYTES + 1])
+            ))
+        );
         assert_eq!(s.params[2], SqlValue::Integer(5));
     }
 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_SHOWN_STATEMENTS: usize = 6;
 /// The most characters of a statement's SQL a divergence shows.
 const MAX_SHOWN_SQL: usize = 300;
-/// The most characters of one statement's line.
+/// The most bytes of one statement's line.
 const MAX_SHOWN_LINE: usize = 400;
 /// The most characters of a reason, an error or a message id shown.
 const MAX_SHOWN_TEXT: usize = 200;
@@ -76,8 +76,11 @@ impl Verdict {
 /// One side of a comparison: what a version did with the message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
-    /// Its statements, in order, as recorded.
+    /// Its statements, in order, as recorded (at most
+    /// [`crate::runtime::rehearsal::MAX_RECORDED_STATEMENTS`]).
     pub statements: Vec<Statement>,
+    /// How many statements it sent in all.
+    pub statements_used: u32,
     /// How its call ended.
     pub verdict: Verdict,
 }
@@ -109,6 +112,15 @@ pub fn first_difference(live: &Observed, candidate: &Observed) -> Option<Differe
         return Some(Difference {
             statement: Some(i),
             what: format!("statement {}: {what}", i + 1),
+        });
+    }
+    if live.statements_used != candidate.statements_used {
+        return Some(Difference {
+            statement: None,
+            what: format!(
+                "the number of statements differs: live {}, candidate {}",
+                live.statements_used, candidate.statements_used
+            ),
         });
     }
     if live.verdict.same(&candidate.verdict) {
@@ -248,7 +260,19 @@ fn line(s: &Statement) -> String {
         shown(&s.sql, MAX_SHOWN_SQL),
         params.join(", ")
     );
-    cut(&line, MAX_SHOWN_LINE)
+    cut_bytes(&line, MAX_SHOWN_LINE)
+}
+
+/// `s` cut to at most `max` bytes on a character boundary (then `…`).
+fn cut_bytes(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut at = max;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    format!("{}…", s.get(..at).unwrap_or_default())
 }
 
 /// `s` escaped (one line, no control characters) and cut to `max`
@@ -281,6 +305,7 @@ mod tests {
 
     fn ok(statements: Vec<Statement>) -> Observed {
         Observed {
+            statements_used: u32::try_from(statements.len()).unwrap(),
             statements,
             verdict: Verdict::Ok { outbox: 0 },
         }
@@ -294,6 +319,7 @@ mod tests {
         );
         let trap = |r: &str| Observed {
             statements: vec![update(5, 1)],
+            statements_used: 1,
             verdict: Verdict::Trap(r.into()),
         };
         assert_eq!(first_difference(&trap("at 0x10"), &trap("at 0x20")), None);
@@ -336,6 +362,7 @@ mod tests {
         );
         let rejected = Observed {
             statements: vec![update(5, 1)],
+            statements_used: 1,
             verdict: Verdict::Reject("no".into()),
         };
         assert_eq!(
@@ -347,8 +374,16 @@ mod tests {
         );
         let outbox = Observed {
             statements: vec![],
+            statements_used: 0,
             verdict: Verdict::Ok { outbox: 1 },
         };
+        // Past the statements recorded, the count still tells.
+        let mut more = ok(vec![update(5, 1)]);
+        more.statements_used = 1001;
+        assert_eq!(
+            d(ok(vec![update(5, 1)]), more).what,
+            "the number of statements differs: live 1, candidate 1001"
+        );
         assert_eq!(
             d(ok(vec![]), outbox).what,
             "the verdict differs: live ok, candidate ok with 1 outbox message(s)"

@@ -34,8 +34,10 @@ pub const MAX_KEPT_DIVERGENCES: usize = 5;
 pub const MAX_SPOILED: usize = 1024;
 
 /// The most bytes of JSON one handler's [`ShadowReport`] takes in a host's
-/// report: the divergences kept last are left out of it past this.
-pub const MAX_REPORT_BYTES: usize = 64 * 1024;
+/// report: the divergences kept last are left out of it past this (the
+/// host's whole report is bounded too,
+/// [`crate::deploy::heartbeat::MAX_SHADOW_BYTES`]).
+pub const MAX_REPORT_BYTES: usize = 16 * 1024;
 
 /// A candidate in place: its component and the record it came from.
 pub struct Candidate {
@@ -63,7 +65,7 @@ pub enum Skip {
 /// back for another message's sake and runs again is counted once.
 pub enum Judged {
     /// Compared: agreed (`None`) or the divergence.
-    Compared(Arc<Candidate>, Option<Divergence>),
+    Compared(Arc<Candidate>, Option<Box<Divergence>>),
     /// Not compared.
     Skipped(Arc<Candidate>, Skip),
 }
@@ -199,7 +201,7 @@ impl ShadowSlot {
     pub fn count(&self, judged: Vec<Judged>) {
         for j in judged {
             match j {
-                Judged::Compared(c, divergence) => self.compared(&c, divergence),
+                Judged::Compared(c, divergence) => self.compared(&c, divergence.map(|d| *d)),
                 Judged::Skipped(c, why) => self.skipped(&c, why),
             }
         }
