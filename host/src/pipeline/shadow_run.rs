@@ -3,7 +3,9 @@
 //! and before the live version runs, in the live transaction:
 //!
 //! ```text
-//! SAVEPOINT (with the candidate's first statement)
+//! SAVEPOINT (PostgreSQL: at once, with statement_timeout = its time and
+//!            lock_timeout <= 200 ms set inside it; SQLite: with the
+//!            candidate's first statement, its statements' budget its time)
 //! run the candidate's handle(msg), recorded; its outbox calls are counted,
 //!   never stored; its log lines kept out of the host's log
 //! ROLLBACK TO SAVEPOINT                      always: nothing of it stays
@@ -91,7 +93,7 @@ impl PreparedHandler {
             return Ok((tx, None));
         }
         let mut tx = tx;
-        if let Err(error) = tx.begin_message(self.statement_timeout()).await {
+        if let Err(error) = tx.begin_bounded_message(bound).await {
             return Err(rolled_back(tx, "SAVEPOINT", error).await);
         }
         let recorder = Arc::new(Rehearsal::quiet());

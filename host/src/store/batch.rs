@@ -22,12 +22,13 @@
 //! [`Tx::take_conflict`] so that it can be run again without spending a
 //! delivery.
 
-use super::backend::{Batch as _, Pool as _, Transaction as _};
+use super::backend::{Batch as _, Param, Pool as _, Transaction as _};
 use super::sql::{
     MESSAGE_SAVEPOINT, NEXT_MESSAGE_SAVEPOINT, NEXT_SAVEPOINT, RELEASED_MESSAGE_SAVEPOINT,
     SAVEPOINT, UNDO_MESSAGE,
 };
-use super::{MessageSavepoint, Receipt, Savepoints, StoreError, Tx, dispatch};
+use super::{DbKind, MessageSavepoint, Receipt, Savepoints, StoreError, Tx, dispatch};
+use sqlx::SqlSafeStr as _;
 use std::time::Duration;
 
 /// How long a guest statement of a batch waits for a row lock on
@@ -51,6 +52,16 @@ impl super::Database {
             Tx(wrap(tx), Savepoints::default())
         }))
     }
+}
+
+/// PostgreSQL: `statement_timeout` and `lock_timeout` (ms, as text) until
+/// the end of the current savepoint ([`Tx::begin_bounded_message`]).
+const BOUND_MESSAGE: &str =
+    "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)";
+
+/// Which database the transaction `_t` is on.
+fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
+    T::KIND
 }
 
 impl Savepoints {
@@ -136,6 +147,33 @@ impl Tx {
     pub async fn begin_message(&mut self, budget: Duration) -> Result<(), StoreError> {
         dispatch!(&mut self.0, t => t.renew_budget(budget).await)?;
         self.1.message = MessageSavepoint::Pending;
+        Ok(())
+    }
+
+    /// Starts a message whose statements must end within `bound` (a shadow
+    /// candidate's, `crate::pipeline::shadow_run`), as [`Tx::begin_message`]
+    /// with `bound` as the budget on SQLite. On PostgreSQL the message's
+    /// savepoint is opened now, and inside it `statement_timeout` is set to
+    /// `bound` and `lock_timeout` to at most [`BATCH_LOCK_WAIT`], so the
+    /// server stops a statement there itself; rolling back to the savepoint
+    /// restores both (PostgreSQL, "SET": the effects of `SET LOCAL` made
+    /// after a savepoint end when it is rolled back).
+    ///
+    /// # Errors
+    /// A statement fails: the transaction must be rolled back.
+    pub async fn begin_bounded_message(&mut self, bound: Duration) -> Result<(), StoreError> {
+        self.begin_message(bound).await?;
+        let postgres = dispatch!(&mut self.0, t => kind_of(&*t) == DbKind::Postgres);
+        if !postgres {
+            return Ok(());
+        }
+        let opening = self.1.opening_sql();
+        dispatch!(&mut self.0, t => t.run_host_sql(opening).await)?;
+        self.1.opened();
+        let ms = |d: Duration| d.as_millis().max(1).to_string();
+        let (statement, lock) = (ms(bound), ms(bound.min(BATCH_LOCK_WAIT)));
+        let params = [Param::Text(&statement), Param::Text(&lock)];
+        dispatch!(&mut self.0, t => t.run(BOUND_MESSAGE.into_sql_str(), &params).await)?;
         Ok(())
     }
 
