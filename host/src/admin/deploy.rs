@@ -82,7 +82,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
     };
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
-    store.create_shadows().await?;
+    create_shadows(&store).await;
     let Some(key) = key else {
         if args.shadow_report {
             return super::shadow::report(&store, &h.name).await;
@@ -242,6 +242,15 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         wait_for_hosts(&store, &h.name, &digest, revision, args.timeout, started).await?;
     }
     Ok(())
+}
+
+/// Creates the shadows bucket when missing, as the other buckets are (the
+/// deployer's commands do; hosts may not), or warns: a deployer under an
+/// older permissions file still deploys and reads status.
+async fn create_shadows(store: &DeployStore) {
+    if let Err(e) = store.create_shadows().await {
+        tracing::warn!(error = %escaped(&format!("{e:#}"), 300), "shadow deploys are unavailable until the shadows bucket can be created");
+    }
 }
 
 /// The sequence of `handler`'s next deployment: above every believed
@@ -489,7 +498,7 @@ pub async fn status(config: &Path) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let broker = crate::broker::connect(&config.broker).await?;
     let store = DeployStore::open(&broker.js, &config.deploy).await?;
-    store.create_shadows().await?;
+    create_shadows(&store).await;
     let store = with_marks(&config, store).await;
     let reports = reports(&store).await?;
     if reports.is_empty() {

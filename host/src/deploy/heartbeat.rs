@@ -213,17 +213,18 @@ pub fn report(host: &str, started_at: &str, handlers: &[Reported]) -> HostReport
 /// Leaves divergences out of `report`, from the shadow keeping the most,
 /// until its JSON is at most [`MAX_SHADOW_BYTES`] or none is left.
 fn fit(report: &mut HostReport) {
-    while serde_json::to_vec(&report).map_or(0, |v| v.len()) > MAX_SHADOW_BYTES {
+    // Serialized once; then each divergence left out takes its own size
+    // (and a comma) off.
+    let mut size = serde_json::to_vec(&report).map_or(0, |v| v.len());
+    while size > MAX_SHADOW_BYTES {
         let most = report
             .handlers
             .iter_mut()
             .filter_map(|h| h.shadow.as_mut())
             .max_by_key(|s| s.divergences.len());
-        match most {
-            Some(s) if !s.divergences.is_empty() => {
-                s.divergences.pop();
-            }
-            _ => break,
+        match most.and_then(|s| s.divergences.pop()) {
+            Some(d) => size -= serde_json::to_vec(&d).map_or(0, |v| v.len()) + 1,
+            None => break,
         }
     }
 }

@@ -92,9 +92,17 @@ impl PreparedHandler {
             judged.push(Judged::Skipped(candidate, Skip::Time));
             return Ok((tx, None));
         }
+        let lost = |failed: StepFailed| {
+            tracing::warn!(message_id = %msg.message_id, step = %failed.step, error = %failed.error, "the shadow candidate lost the message's transaction; the message runs again at once without it");
+            self.shadow().spoil(&candidate, &msg.message_id);
+            StepFailed {
+                step: SHADOW_LOST,
+                error: failed.error,
+            }
+        };
         let mut tx = tx;
         if let Err(error) = tx.begin_bounded_message(bound).await {
-            return Err(rolled_back(tx, "SAVEPOINT", error).await);
+            return Err(lost(rolled_back(tx, "SAVEPOINT", error).await));
         }
         let recorder = Arc::new(Rehearsal::quiet());
         let mut limits = self.limits().clone();
@@ -113,14 +121,6 @@ impl PreparedHandler {
             .handle(&candidate.component, &call, tx, msg.clone())
             .await;
         let conflict = back.take_conflict();
-        let lost = |failed: StepFailed| {
-            tracing::warn!(message_id = %msg.message_id, step = %failed.step, error = %failed.error, "the shadow candidate lost the message's transaction; the message runs again at once without it");
-            self.shadow().spoil(&candidate, &msg.message_id);
-            StepFailed {
-                step: SHADOW_LOST,
-                error: failed.error,
-            }
-        };
         let mut tx = self.end_message(back, false).await.map_err(lost)?;
         if let Err(error) = tx.reset_role().await {
             return Err(lost(rolled_back(tx, "SET LOCAL ROLE NONE", error).await));
@@ -163,7 +163,8 @@ impl PreparedHandler {
     /// Compares `run`'s candidate with the live call it recorded, which
     /// ended with `live` (`Ok(n)`: succeeded with `n` outbox rows), and
     /// counts the outcome. `conflict`: a live statement lost a lock
-    /// conflict (the message runs again; nothing is judged). What came of
+    /// conflict (nothing is judged: the message runs again in a batch, or
+    /// is retried alone). What came of
     /// it goes to `judged`, to be counted once the transaction's fate is
     /// known.
     pub(super) fn shadow_compare(
@@ -174,7 +175,7 @@ impl PreparedHandler {
         judged: &mut Vec<Judged>,
     ) {
         if conflict {
-            judged.push(Judged::Skipped(run.candidate, Skip::Conflict));
+            // The message runs again (and is judged then).
             return;
         }
         let recorded = run.live.recorded().clone();

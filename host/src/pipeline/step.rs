@@ -301,13 +301,13 @@ impl PreparedHandler {
             .await?;
         let guest_started = Instant::now();
         let live = shadow.as_ref().map(|run| run.live.clone());
-        let outcome = self.run_guest(&component, tx, msg, live).await;
+        let (outcome, conflict) = self.run_guest(&component, tx, msg, live).await;
         if let Some(run) = shadow {
             let result = match &outcome {
                 Ok((_, rows)) => Ok(*rows),
                 Err((failure, _)) => Err(failure.clone()),
             };
-            self.shadow_compare(run, &result, false, &mut judged);
+            self.shadow_compare(run, &result, conflict, &mut judged);
         }
         if outcome.is_err() {
             // Final for this attempt: the message failed for itself.
@@ -337,7 +337,8 @@ impl PreparedHandler {
     }
 
     /// Runs the guest on `msg` inside `tx`, recorded in `rehearsal` if
-    /// given. `Ok((tx, rows))`: the guest
+    /// given; the `bool` says whether a statement lost a lock conflict
+    /// ([`Tx::take_conflict`]). `Ok((tx, rows))`: the guest
     /// succeeded (and stored `rows` outbox rows), commit `tx`. `Err`: the guest failed and `tx` was rolled back,
     /// bounded by the statement timeout + 5 s (a statement the runtime
     /// abandoned at the deadline is cancelled by the statement timeout
@@ -348,10 +349,11 @@ impl PreparedHandler {
         tx: Tx,
         msg: GuestMessage,
         rehearsal: Option<Arc<Rehearsal>>,
-    ) -> Result<(Tx, usize), (HandlerFailure, Rollback)> {
-        let (result, tx) = self.call_guest(component, tx, msg, rehearsal).await;
+    ) -> (Result<(Tx, usize), (HandlerFailure, Rollback)>, bool) {
+        let (result, mut tx) = self.call_guest(component, tx, msg, rehearsal).await;
+        let conflict = tx.take_conflict();
         let failure = match result {
-            Ok(rows) => return Ok((tx, rows)),
+            Ok(rows) => return (Ok((tx, rows)), conflict),
             Err(failure) => failure,
         };
         let bound = self.statement_timeout + Duration::from_secs(5);
@@ -368,7 +370,7 @@ impl PreparedHandler {
                 Rollback::TimedOut
             }
         };
-        Err((failure, rollback))
+        (Err((failure, rollback)), conflict)
     }
 }
 

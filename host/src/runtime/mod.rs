@@ -144,8 +144,9 @@ pub struct Invocation {
     /// per-message cap dropped to `log_bytes_dropped`, and the guest
     /// statements that failed on a unique constraint to `unique_violations`.
     pub stats: Arc<crate::metrics::HandlerStats>,
-    /// Records what the call does (`idem invoke`, `idem test`); `None` for
-    /// a delivery ([`rehearsal`]).
+    /// Records what the call does (`idem invoke`, `idem test`, a shadow
+    /// candidate and the live call next to it); `None` for any other
+    /// delivery ([`rehearsal`]).
     pub rehearsal: Option<Arc<rehearsal::Rehearsal>>,
 }
 

@@ -1,8 +1,9 @@
 //! What one guest call did, recorded for `idem invoke` and `idem test`
 //! (ARCHITECTURE.md, "Rehearsals"): every statement with its parameters and
 //! what came back, the guest's log lines, and the limits it used. A
-//! [`Rehearsal`] is given to a call through [`super::Invocation`]; the
-//! pipeline never gives one, so a delivery records nothing.
+//! [`Rehearsal`] is given to a call through [`super::Invocation`]; a
+//! delivery records only when its message is in a shadow candidate's
+//! sample ([`crate::pipeline::shadow_run`]: both versions' calls).
 //!
 //! A rehearsal can also make the call fail as a lost connection would
 //! after a given statement ([`Rehearsal::failing_after`]): the statement

@@ -33,6 +33,10 @@ pub const MAX_KEPT_DIVERGENCES: usize = 5;
 /// The most message ids a slot remembers as spoiled ([`ShadowSlot::spoil`]).
 pub const MAX_SPOILED: usize = 1024;
 
+/// After this many lost transactions a candidate is taken out (each costs
+/// the live path its share of time and a second transaction).
+pub const MAX_LOST: u64 = 16;
+
 /// The most bytes of JSON one handler's [`ShadowReport`] takes in a host's
 /// report: the divergences kept last are left out of it past this (the
 /// host's whole report is bounded too,
@@ -90,6 +94,8 @@ struct Tally {
     agreed: u64,
     diverged: u64,
     skipped: u64,
+    /// Transactions the candidate lost ([`ShadowSlot::spoil`]).
+    lost: u64,
     divergences: Vec<Divergence>,
     /// A record this host would not run: its digest (or `revision N`) and
     /// why.
@@ -140,8 +146,23 @@ impl ShadowSlot {
     /// interrupted, as at the candidate's deadline): counted as skipped,
     /// and the message runs without a candidate from now on (the last
     /// [`MAX_SPOILED`] such messages are remembered).
+    /// After [`MAX_LOST`] of them the candidate is taken out, refused.
     pub fn spoil(&self, candidate: &Candidate, message_id: &str) {
         self.skipped(candidate, Skip::Time);
+        {
+            let mut t = self.tally();
+            if counts_for(&t, candidate) {
+                t.lost += 1;
+                if t.lost >= MAX_LOST && t.refused.is_none() {
+                    let reason = format!(
+                        "lost {MAX_LOST} of its messages' transactions (on SQLite a write past its time takes the transaction with it); taken out: give the handler a longer deadline, or abort the shadow"
+                    );
+                    tracing::warn!(handler = %self.handler, candidate = %candidate.record.digest, "{reason}");
+                    t.refused = Some((candidate.record.digest.clone(), reason));
+                    self.candidate.store(None);
+                }
+            }
+        }
         let mut spoiled = self
             .spoiled
             .lock()

@@ -195,7 +195,11 @@ impl Tx {
             self.1.release_message = true;
             return Ok(());
         }
-        Ok(dispatch!(&mut self.0, t => t.run_host_sql(UNDO_MESSAGE).await)?)
+        dispatch!(&mut self.0, t => {
+            t.run_host_sql(UNDO_MESSAGE).await?;
+            t.message_undone();
+        });
+        Ok(())
     }
 
     /// After [`Tx::end_message`] failed to roll a message back: the

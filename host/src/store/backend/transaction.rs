@@ -203,6 +203,10 @@ pub(in crate::store) trait Batch: Transaction {
     /// single-writer database.
     fn take_conflict(&mut self) -> bool;
 
+    /// The current message's savepoint was rolled back to: whatever failed
+    /// inside it (and aborted the transaction) is undone.
+    fn message_undone(&mut self) {}
+
     /// Deletes `consumer`'s receipts of `message_ids` as the host's own
     /// user (leaving the handler's role first where it was entered).
     ///

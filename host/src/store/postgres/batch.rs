@@ -57,6 +57,15 @@ impl Batch for Tx {
         std::mem::take(&mut self.conflict)
     }
 
+    /// A host statement that failed inside the message's savepoint (the
+    /// guard's catalog query, a role switch) aborted the transaction;
+    /// `ROLLBACK TO SAVEPOINT` made it usable again (PostgreSQL,
+    /// "ROLLBACK TO SAVEPOINT"), so COMMIT is no longer refused. A failure
+    /// before the savepoint was opened would have made the rollback fail.
+    fn message_undone(&mut self) {
+        self.aborted = None;
+    }
+
     /// Leaves the handler's role first when it was entered (a pending
     /// switch is dropped), so the delete runs as the host's user.
     async fn forget_receipts(
