@@ -130,12 +130,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
                 r
             }
         };
-        let live = match &running {
-            Some(d) => d.digest.clone(),
-            None => std::fs::read(&h.module)
-                .map(|m| hex::encode(Sha256::digest(&m)))
-                .unwrap_or_default(),
-        };
+        let live = super::shadow::live_of(running.as_ref(), &h)?;
         if shadow.against != live {
             anyhow::bail!(
                 "the shadow of `{}` was compared with {}, but `{}` runs {live} now: nothing was deployed; shadow the candidate against this version first (`idem deploy {} MODULE --shadow`)",

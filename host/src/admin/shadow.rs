@@ -10,6 +10,7 @@
 
 use super::deploy::{Report, reports, validate, who};
 use crate::config::{Config, HandlerConfig};
+use crate::deploy::Deployment;
 use crate::deploy::record::{bounded, escaped};
 use crate::deploy::store::DeployStore;
 use crate::runtime::LoadOptions;
@@ -63,12 +64,21 @@ fn percent(ppm: u32) -> String {
 /// configured module's.
 async fn live_digest(store: &DeployStore, h: &HandlerConfig) -> anyhow::Result<String> {
     let history = store.history(&h.name).await?;
-    if let Some(d) = store.deployed(&h.name, &history).await? {
-        return Ok(d.digest);
+    live_of(store.deployed(&h.name, &history).await?.as_ref(), h)
+}
+
+/// The digest `h` runs when `running` is its latest believed deployment:
+/// that one's, else its configured module's.
+///
+/// # Errors
+/// No deployment, and the module cannot be read.
+pub(super) fn live_of(running: Option<&Deployment>, h: &HandlerConfig) -> anyhow::Result<String> {
+    if let Some(d) = running {
+        return Ok(d.digest.clone());
     }
     let module = std::fs::read(&h.module).map_err(|e| {
         anyhow::anyhow!(
-            "`{}` has no deployment and its module {} cannot be read ({e}): nothing to shadow",
+            "`{}` has no deployment and its module {} cannot be read ({e})",
             h.name,
             h.module.display()
         )

@@ -27,7 +27,7 @@ use super::sql::{
     MESSAGE_SAVEPOINT, NEXT_MESSAGE_SAVEPOINT, NEXT_SAVEPOINT, RELEASED_MESSAGE_SAVEPOINT,
     SAVEPOINT, UNDO_MESSAGE,
 };
-use super::{DbKind, MessageSavepoint, Receipt, Savepoints, StoreError, Tx, dispatch};
+use super::{DbKind, MessageSavepoint, Receipt, Savepoints, StoreError, Tx, dispatch, kind_of};
 use sqlx::SqlSafeStr as _;
 use std::time::Duration;
 
@@ -58,11 +58,6 @@ impl super::Database {
 /// the end of the current savepoint ([`Tx::begin_bounded_message`]).
 const BOUND_MESSAGE: &str =
     "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)";
-
-/// Which database the transaction `_t` is on.
-fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
-    T::KIND
-}
 
 impl Savepoints {
     /// The host SQL that opens a guest statement's savepoint now: the

@@ -166,6 +166,12 @@ macro_rules! dispatch {
 }
 use dispatch;
 
+/// Which database the transaction `_t` is on (inside [`dispatch!`], where
+/// the backend's type is only known as `t`'s).
+fn kind_of<T: backend::Transaction>(_t: &T) -> DbKind {
+    T::KIND
+}
+
 /// A connection pool to the one database idem writes receipts and effects to:
 /// PostgreSQL, or SQLite (WAL, `synchronous=FULL`, busy timeout, foreign keys on).
 pub struct Database(Backend<postgres::Pool, sqlite::Pool>);

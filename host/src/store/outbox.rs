@@ -5,7 +5,7 @@
 //! [`crate::outbox::relay`]'s; this is the mechanism.
 
 use super::backend::{HostRow as _, Param, Pool as _, Transaction as _, TxRoles as _};
-use super::{Database, DbKind, StoreError, Tx, dispatch};
+use super::{Database, DbKind, StoreError, Tx, dispatch, kind_of};
 use crate::outbox::{OutboxEntry, Target};
 use sqlx::SqlSafeStr as _;
 
@@ -424,11 +424,6 @@ pub(super) fn target(kind: &str, target: String) -> Result<Target, sqlx::Error> 
 pub fn now_ms() -> i64 {
     let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
     i64::try_from(now).unwrap_or(i64::MAX)
-}
-
-/// Which database the transaction `_t` is on.
-fn kind_of<T: super::backend::Transaction>(_t: &T) -> DbKind {
-    T::KIND
 }
 
 fn decode(row: &impl super::backend::HostRow) -> Result<OutboxRow, sqlx::Error> {
