@@ -29,12 +29,14 @@ pub mod clock;
 mod connect;
 mod deliveries;
 pub mod drift;
+mod in_progress;
 pub mod liveness;
 pub mod partition;
 mod pull_stream;
 pub mod unanswered;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries, Out};
+pub use in_progress::{InProgress, KeepAlive, in_progress};
 pub use pull_stream::{PullError, PullSettings, PullStream, SharedPin};
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
@@ -423,6 +425,28 @@ pub async fn settle(
     }
 }
 
+/// Acks `copies`, deliveries whose receipts a lookup found committed: a
+/// plain `+ACK` each, then one flush (PING/PONG: the server has read them
+/// all), so the copies of a pull or batch cost one round trip together
+/// instead of one confirmed ack each. An ack is only a hint to stop
+/// redelivering (module docs): a copy whose ack is lost comes again and
+/// is found again.
+///
+/// # Errors
+/// The client's error when an ack could not be queued, or the flush was
+/// not answered within [`CONFIRM_WAIT`].
+pub async fn ack_copies(copies: &[&jetstream::Message]) -> Result<(), async_nats::Error> {
+    let mut client = None;
+    for msg in copies {
+        msg.ack().await?;
+        client.get_or_insert_with(|| msg.context.client());
+    }
+    match client {
+        Some(client) => confirmed(async { client.flush().await.map_err(Into::into) }).await,
+        None => Ok(()),
+    }
+}
+
 /// `reply`, or a timeout error once [`CONFIRM_WAIT`] has passed.
 async fn confirmed(
     reply: impl std::future::Future<Output = Result<(), async_nats::Error>>,
@@ -440,11 +464,6 @@ async fn confirmed(
         })
 }
 
-/// Tells the server the message is still being worked on (resets `ack_wait`).
-pub async fn in_progress(msg: &jetstream::Message) -> Result<(), async_nats::Error> {
-    msg.ack_with(AckKind::Progress).await
-}
-
 /// Pending work of a consumer: messages not yet delivered plus delivered but
 /// not yet acked (including naked ones waiting for their delay).
 pub async fn outstanding(
@@ -452,33 +471,4 @@ pub async fn outstanding(
 ) -> anyhow::Result<u64> {
     let info = consumer.info().await?;
     Ok(info.num_pending + info.num_ack_pending as u64)
-}
-
-/// Keeps a message ours while it is processed: sends an in-progress ack
-/// (`+WPI`, which restarts the server's `ack_wait` timer) every third of
-/// `ack_wait`, until dropped. Without it a message still being worked on past
-/// `ack_wait` is redelivered (and, on another host, run concurrently: the
-/// receipt keeps the effect single, but the work is wasted).
-pub struct InProgress(tokio::task::JoinHandle<()>);
-
-impl InProgress {
-    /// Starts the keep-alive for `msg` (a cheap clone of the delivery).
-    pub fn start(msg: jetstream::Message, ack_wait: Duration) -> Self {
-        let period = (ack_wait / 3).max(Duration::from_millis(100));
-        Self(tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            loop {
-                tick.tick().await;
-                if let Err(e) = in_progress(&msg).await {
-                    tracing::debug!(error = %e, "in-progress ack failed");
-                }
-            }
-        }))
-    }
-}
-
-impl Drop for InProgress {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

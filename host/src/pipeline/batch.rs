@@ -77,12 +77,7 @@ impl Pipeline {
         // waits to run again alone after the batch.
         let mut keep: Vec<Option<broker::InProgress>> = batch
             .iter()
-            .map(|(d, _)| {
-                Some(broker::InProgress::start(
-                    d.msg.clone(),
-                    self.config.ack_wait,
-                ))
-            })
+            .map(|(d, _)| Some(self.keep_in_progress(d.msg)))
             .collect();
         if looked_up {
             let found = self.lookup(batch.iter().map(|(_, id)| id.as_str())).await;

@@ -11,14 +11,14 @@
 //! with what its pull stream has buffered. A new message costs no extra
 //! query.
 
-use super::verdict::{Attempt, Verdict};
-use super::{Delivery, Pipeline, Unsettled};
+use super::verdict::Attempt;
+use super::{Outcome, Pipeline, Unsettled};
+use crate::broker;
 use crate::metrics::HandlerStats;
 use async_nats::jetstream::Message;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 /// The longest a lookup may take, at most: past it (or a quarter of
 /// `ack_wait`, when that is shorter) the deliveries run the protocol as
@@ -151,32 +151,28 @@ impl Pipeline {
         LOOKUP_WAIT.min(self.config.ack_wait / 4)
     }
 
-    /// Acks `dups` (copies a lookup found committed receipts for) together:
-    /// each is counted as a delivery, a duplicate and one found by a
-    /// lookup, and crossed off `unsettled`.
+    /// Acks `dups` (copies a lookup found committed receipts for) together
+    /// ([`broker::ack_copies`]: plain acks and one flush): each is counted
+    /// as a delivery, a duplicate and one found by a lookup, and crossed
+    /// off `unsettled`.
     pub async fn ack_duplicates(&self, dups: &[(Message, String)], unsettled: &Unsettled) {
-        let partitioned = self.config.partitions.is_some();
-        futures::future::join_all(dups.iter().map(|(msg, id)| async move {
-            let Ok(d) = Delivery::of(msg, partitioned) else {
-                return;
-            };
-            let span = self.delivery_span(&d);
-            span.record("message_id", id.as_str());
-            let stats = self.handler.stats();
+        let stats = self.handler.stats();
+        for (_, id) in dups {
             HandlerStats::incr(&stats.delivered);
-            tracing::debug!(parent: &span, "receipt found by the lookup; a duplicate without a transaction");
-            // A confirmed ack never needs the database: always `Ok`.
-            if let Ok(outcome) = self
-                .settle(&d, Some(id), &Attempt::Duplicate, Verdict::Duplicate)
-                .instrument(span)
-                .await
-            {
-                HandlerStats::incr(&stats.duplicates_looked_up);
-                self.count(&Attempt::Duplicate, &outcome);
-                unsettled.settled(msg);
+            tracing::debug!(handler = %self.handler.name(), message_id = %id, "receipt found by the lookup; a duplicate without a transaction");
+        }
+        let copies: Vec<&Message> = dups.iter().map(|(msg, _)| msg).collect();
+        if let Err(e) = broker::ack_copies(&copies).await {
+            for _ in dups {
+                HandlerStats::incr(&stats.ack_failures);
             }
-        }))
-        .await;
+            tracing::warn!(handler = %self.handler.name(), copies = dups.len(), error = %e, "acking copies failed; their receipts will absorb the redeliveries");
+        }
+        for (msg, _) in dups {
+            HandlerStats::incr(&stats.duplicates_looked_up);
+            self.count(&Attempt::Duplicate, &Outcome::Duplicate);
+            unsettled.settled(msg);
+        }
     }
 }
 

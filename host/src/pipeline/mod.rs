@@ -81,6 +81,8 @@ pub struct Pipeline {
     /// Whether copies are arriving: deliveries are looked up before
     /// their transactions.
     copies: lookup::CopiesArriving,
+    /// The deliveries being worked on, kept ours by one task.
+    keep_alive: broker::KeepAlive,
 }
 
 /// What happened to one delivery (also counted in [`HandlerStats`]).
@@ -122,7 +124,14 @@ impl Pipeline {
             horizon: true,
             committed: Committed::default(),
             copies: lookup::CopiesArriving::default(),
+            keep_alive: broker::KeepAlive::new(cfg.ack_wait),
         }
+    }
+
+    /// Keeps `msg` ours (in-progress acks every third of `ack_wait`)
+    /// until the returned guard is dropped.
+    pub fn keep_in_progress(&self, msg: &Message) -> broker::InProgress {
+        self.keep_alive.hold(msg.clone())
     }
 
     /// This pipeline runs a message beyond the retention horizon instead of
@@ -182,10 +191,30 @@ impl Pipeline {
     /// [`Pipeline::process`]; `looked_up`: a receipt lookup has just found
     /// `msg` new, so it is not looked up again.
     pub(super) async fn process_delivery(&self, msg: &Message, looked_up: bool) -> Outcome {
+        self.process_in_slot(msg, looked_up, None).await
+    }
+
+    /// [`Pipeline::process`] (`looked_up`: [`Pipeline::process_looked_up`])
+    /// holding one of the consuming loop's concurrency slots, which is
+    /// given back as soon as the delivery's transaction committed (or found
+    /// its receipt) and only the confirmed ack is left, so the next
+    /// delivery's transaction runs while the ack's round trip lasts
+    /// (ARCHITECTURE.md, "Cost of a message"); otherwise when the delivery
+    /// is settled.
+    pub async fn process_in_slot(
+        &self,
+        msg: &Message,
+        looked_up: bool,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Outcome {
         HandlerStats::incr(&self.handler.stats().delivered);
         let _in_flight = self.handler.stats().in_flight();
         let d = match Delivery::of(msg, self.config().partitions.is_some()) {
-            Ok(d) => Delivery { looked_up, ..d },
+            Ok(d) => Delivery {
+                looked_up,
+                slot: std::sync::Mutex::new(slot),
+                ..d
+            },
             Err(e) => {
                 // Not a JetStream delivery (no ack subject): nothing to ack either.
                 tracing::error!(handler = %self.handler.name(), error = %e, "message without JetStream metadata; ignored");
@@ -213,7 +242,7 @@ impl Pipeline {
     async fn hold_while_unavailable(&self, d: &Delivery<'_>) -> Outcome {
         // The work can take a while (a lock wait, a slow guest, a database
         // outage): keep the message ours until this delivery is settled.
-        let _in_progress = broker::InProgress::start(d.msg.clone(), self.config.ack_wait);
+        let _in_progress = self.keep_in_progress(d.msg);
         let mut waits = backoff::doubling(HOLD_FIRST, HOLD_MAX);
         let mut first = true;
         loop {
@@ -436,10 +465,12 @@ impl Pipeline {
         match verdict {
             Verdict::Duplicate => {
                 tracing::debug!("duplicate: receipt exists; acking");
+                d.free_slot();
                 self.confirm_ack(d.msg).await;
                 Ok(Outcome::Duplicate)
             }
             Verdict::Processed => {
+                d.free_slot();
                 if fault::after_commit() == fault::AfterCommit::Ack {
                     self.confirm_ack(d.msg).await;
                 }
@@ -595,6 +626,9 @@ struct Delivery<'a> {
     headers: Vec<(String, String)>,
     /// A receipt lookup has just found it new: not looked up again.
     looked_up: bool,
+    /// The consuming loop's concurrency slot it holds, if any
+    /// ([`Pipeline::process_in_slot`]).
+    slot: std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl<'a> Delivery<'a> {
@@ -630,7 +664,19 @@ impl<'a> Delivery<'a> {
             },
             headers,
             looked_up: false,
+            slot: std::sync::Mutex::default(),
         })
+    }
+
+    /// Gives back the concurrency slot this delivery holds, if any: its
+    /// transaction is over and only its ack is left.
+    fn free_slot(&self) {
+        drop(
+            self.slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
     }
 
     /// The message the guest sees, under `message_id`.

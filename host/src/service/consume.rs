@@ -113,9 +113,8 @@ pub(super) async fn consume(
                     p.ack_duplicates(&copies, &settling).await;
                 });
             }
-            let ack_wait = pipeline.config().ack_wait;
             looked_up.extend(rest.into_iter().map(|m| {
-                let kept = broker::InProgress::start(m.clone(), ack_wait);
+                let kept = pipeline.keep_in_progress(&m);
                 (m, kept)
             }));
             match looked_up.pop_front() {
@@ -129,11 +128,13 @@ pub(super) async fn consume(
         let settling = unsettled.clone();
         in_flight.spawn(unsettled, async move {
             match msgs.as_slice() {
-                [msg] if from_lookup => drop(p.process_looked_up(msg).await),
-                [msg] => drop(p.process(msg).await),
-                msgs => p.process_batch(msgs, &settling).await,
+                // The slot is given back once only the ack is left.
+                [msg] => drop(p.process_in_slot(msg, from_lookup, Some(slot)).await),
+                msgs => {
+                    p.process_batch(msgs, &settling).await;
+                    drop(slot);
+                }
             }
-            drop(slot);
         });
         in_flight.reap(pipeline.name());
     }
