@@ -100,6 +100,9 @@ async fn several_slow_messages_stay_ours_and_so_does_a_later_one_postgres() {
         let settled = if round.len() == 3 { 3 } else { 4 };
         host.wait_for("credit-projector", "processed", |s| s.processed == settled)
             .await;
+        // Past a period (a third of `ack_wait`) with nothing held: the
+        // keep-alive task has ended, and the next round starts it again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Room for a redelivery to show up, were there one.
     tokio::time::sleep(Duration::from_millis(1500)).await;

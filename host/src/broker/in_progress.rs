@@ -85,7 +85,13 @@ impl KeepAlive {
             .insert(id, (msg, Instant::now() + self.0.period));
         if !held.ticking {
             held.ticking = true;
-            tokio::spawn(self.clone().tick());
+            // The guard goes with the future, so a runtime that drops the
+            // task, even before its first poll, marks it ended.
+            let ticking = Ticking {
+                keep: self.clone(),
+                armed: true,
+            };
+            tokio::spawn(self.clone().tick(ticking));
         }
         drop(held);
         InProgress {
@@ -94,24 +100,13 @@ impl KeepAlive {
         }
     }
 
-    /// How many deliveries are held now.
-    pub fn held(&self) -> usize {
-        self.lock().deliveries.len()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.0.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The task: sleeps until the earliest due ack, sends the due ones,
     /// and ends when nothing is held.
-    async fn tick(self) {
-        // A runtime shut down drops this future: the next hold starts the
-        // task again on its own runtime.
-        let mut ticking = Ticking {
-            keep: self.clone(),
-            armed: true,
-        };
+    async fn tick(self, mut ticking: Ticking) {
         loop {
             let next = {
                 let held = self.lock();
@@ -128,18 +123,23 @@ impl KeepAlive {
             };
             tokio::time::sleep_until(next).await;
             let now = Instant::now();
-            let due: Vec<jetstream::Message> = {
+            let due: Vec<(u64, jetstream::Message)> = {
                 let mut held = self.lock();
                 held.deliveries
-                    .values_mut()
-                    .filter(|(_, due)| *due <= now)
-                    .map(|(msg, due)| {
+                    .iter_mut()
+                    .filter(|(_, (_, due))| *due <= now)
+                    .map(|(id, (msg, due))| {
                         *due = now + self.0.period;
-                        msg.clone()
+                        (*id, msg.clone())
                     })
                     .collect()
             };
-            for msg in &due {
+            for (id, msg) in &due {
+                // One settled meanwhile gets none: a `+WPI` after its nak
+                // would restart its `ack_wait` instead of the nak's delay.
+                if !self.lock().deliveries.contains_key(id) {
+                    continue;
+                }
                 if let Err(e) = in_progress(msg).await {
                     tracing::debug!(error = %e, "in-progress ack failed");
                 }

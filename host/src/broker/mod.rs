@@ -426,25 +426,24 @@ pub async fn settle(
 }
 
 /// Acks `copies`, deliveries whose receipts a lookup found committed: a
-/// plain `+ACK` each, then one flush (PING/PONG: the server has read them
-/// all), so the copies of a pull or batch cost one round trip together
-/// instead of one confirmed ack each. An ack is only a hint to stop
-/// redelivering (module docs): a copy whose ack is lost comes again and
-/// is found again.
+/// plain `+ACK` each but the last, whose ack is confirmed. The server reads
+/// a connection's messages in order, so its reply to the last says it has
+/// read them all: the copies of a pull or batch cost one round trip
+/// together instead of one each. An ack is only a hint to stop
+/// redelivering (module docs): a copy whose ack is lost comes again and is
+/// found again.
 ///
 /// # Errors
-/// The client's error when an ack could not be queued, or the flush was
-/// not answered within [`CONFIRM_WAIT`].
+/// The client's error when an ack could not be queued, or the last one was
+/// not confirmed within [`CONFIRM_WAIT`].
 pub async fn ack_copies(copies: &[&jetstream::Message]) -> Result<(), async_nats::Error> {
-    let mut client = None;
-    for msg in copies {
+    let Some((last, rest)) = copies.split_last() else {
+        return Ok(());
+    };
+    for msg in rest {
         msg.ack().await?;
-        client.get_or_insert_with(|| msg.context.client());
     }
-    match client {
-        Some(client) => confirmed(async { client.flush().await.map_err(Into::into) }).await,
-        None => Ok(()),
-    }
+    confirmed(last.double_ack()).await
 }
 
 /// `reply`, or a timeout error once [`CONFIRM_WAIT`] has passed.

@@ -152,7 +152,7 @@ impl Pipeline {
     }
 
     /// Acks `dups` (copies a lookup found committed receipts for) together
-    /// ([`broker::ack_copies`]: plain acks and one flush): each is counted
+    /// ([`broker::ack_copies`]: plain acks, the last confirmed): each is counted
     /// as a delivery, a duplicate and one found by a lookup, and crossed
     /// off `unsettled`.
     pub async fn ack_duplicates(&self, dups: &[(Message, String)], unsettled: &Unsettled) {
