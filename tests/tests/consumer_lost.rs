@@ -212,19 +212,19 @@ async fn a_consumer_that_cannot_be_created_again_stops_the_host() {
         .unwrap();
     let js = nats.jetstream().await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while js.get_stream("ACCOUNTS").await.is_err() {
+    // The host creates the stream, then the consumer: wait for both.
+    loop {
+        if let Ok(stream) = js.get_stream("ACCOUNTS").await
+            && stream.consumer_info("credit").await.is_ok()
+        {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "the host did not create its stream"
+            "the host did not create its stream and consumer"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    js.get_stream("ACCOUNTS")
-        .await
-        .unwrap()
-        .consumer_info("credit")
-        .await
-        .unwrap();
     js.delete_stream("ACCOUNTS").await.unwrap();
     create_stream(&nats, "SQUATTER", &["accounts.>"]).await;
     let started = Instant::now();
