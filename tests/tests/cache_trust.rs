@@ -91,8 +91,8 @@ fn drain(cfg: &Path) -> (i32, String, Vec<String>) {
     )
 }
 
-/// The compiled files wasmtime keeps for this wasmtime version: the
-/// `modules/<compiler>/` directory and the file names in it (no `.stats`).
+/// The compiled files idem keeps for this engine: the `modules/<engine>/`
+/// directory and the file names in it (no temporary files).
 fn compiled_files(cache: &Path) -> (PathBuf, Vec<String>) {
     let versions: Vec<PathBuf> = std::fs::read_dir(cache.join("modules"))
         .unwrap()
@@ -160,6 +160,10 @@ async fn compiled_code_another_user_put_under_a_key_is_never_run() {
     // version directory aside and makes its own, with C's code as B.
     let modules = cache.join("modules");
     chmod(&modules, 0o777);
+    // idem keeps its files private (0700, 0600); the attacker brings
+    // compiled code of its own, as it could by compiling C with this idem.
+    chmod(&version_dir, 0o755);
+    chmod(&version_dir.join(&c_file), 0o644);
     as_other_user(&format!(
         "cd {m} && mv {version} aside && mkdir {version} && cp -- aside/{c_file} {version}/{b_file}",
         m = modules.display()
@@ -170,7 +174,7 @@ async fn compiled_code_another_user_put_under_a_key_is_never_run() {
     assert_eq!(
         warnings,
         vec![format!(
-            "compiling without the compiled-component cache: {} is writable by other users (mode 777); whoever can write there can replace the code idem loads: make every directory of the cache idem's user's and writable by nobody else (chown, chmod go-w), or set [runtime] cache = false",
+            "compiling without the compiled-component cache: {} is writable by other users (mode 777); whoever could write there may have renamed code under another component's name: delete the cache directory (idem makes it again, private), or set [runtime] cache = false",
             std::fs::canonicalize(&modules).unwrap().display()
         )]
     );
@@ -207,6 +211,7 @@ async fn a_planted_compiled_file_is_removed_and_compiled_again() {
 
     chmod(&cache.join("modules"), 0o755);
     chmod(&version_dir, 0o777);
+    chmod(&version_dir.join(&c_file), 0o644);
     as_other_user(&format!(
         "cd {v} && cp -- {c_file} planted && mv -f -- planted {b_file}",
         v = version_dir.display()

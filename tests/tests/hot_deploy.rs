@@ -3,7 +3,7 @@
 //! (each receipt names the version that applied its message; a second
 //! version's own writes show which messages it ran), a truncated file is
 //! refused while the running version keeps running, and a restart loads a
-//! component from wasmtime's compiled-code cache instead of compiling it.
+//! component from the compiled-component cache instead of compiling it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_tests::deploy_keys::{DeployKeys, trust_in};

@@ -107,7 +107,7 @@ pub struct RuntimeConfig {
     /// Keep compiled components on disk, keyed by the component's bytes,
     /// the wasmtime version and the engine's settings, so a restart or a
     /// second host on the machine loads a component without compiling it
-    /// (wasmtime's own cache). Default true.
+    /// (ARCHITECTURE.md, "Compiled-component cache"). Default true.
     #[serde(default = "default_cache")]
     pub cache: bool,
     /// Where the compiled components are kept. Default: `$CACHE_DIRECTORY`

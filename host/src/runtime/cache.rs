@@ -1,11 +1,10 @@
-//! The compiled-component cache (wasmtime's own, `[runtime] cache_dir`)
-//! loads only what idem's user wrote (ARCHITECTURE.md, "Compiled-component
-//! cache").
+//! The compiled-component cache (`[runtime] cache_dir`) loads only what
+//! idem's user wrote (ARCHITECTURE.md, "Compiled-component cache"); its
+//! files are [`super::cache_files`]'.
 //!
-//! wasmtime loads what it finds under the cache's key as machine code after
-//! checking only that this wasmtime with these settings made it, and it
-//! offers no hook per file. So before every compile on a cache-enabled
-//! engine, [`CompiledCache::inspect`] walks the cache tree:
+//! wasmtime maps what it finds there and runs it as machine code after
+//! checking only that this wasmtime with these settings made it. So before
+//! every load, [`CompiledCache::inspect`] walks the cache tree:
 //!
 //! - the cache directory's ancestors must each be owned by root or idem's
 //!   user and writable by neither group nor others, except a root-owned
@@ -13,25 +12,21 @@
 //!   idem's user keeps there);
 //! - every directory from the cache directory down must be owned by idem's
 //!   user and writable by neither group nor others: one that is not makes
-//!   the compile skip the cache ([`Inspection::Untrusted`]);
+//!   the load skip the cache ([`Inspection::Untrusted`]);
 //! - every other entry must be a regular file owned by idem's user and
 //!   writable by neither group nor others: one that is not is removed, so
-//!   wasmtime finds nothing under its key and compiles again.
+//!   the component is compiled again.
 //!
 //! The walk stops after [`MAX_ENTRIES`] entries (the tree is then treated
-//! as untrusted); the cache is kept well below that size by wasmtime's own
-//! cleanup ([`FILE_COUNT_SOFT_LIMIT`]).
+//! as untrusted); the cache is kept well below that size by its own
+//! eviction ([`super::cache_files::MAX_FILES`]).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The most entries (files and directories) one inspection walks; a tree
-/// with more is not used for that compile.
+/// with more is not used for that load.
 pub const MAX_ENTRIES: usize = 50_000;
-
-/// The number of files wasmtime's cache cleanup keeps the cache under
-/// (each compiled component is a file and its `.stats` file).
-pub const FILE_COUNT_SOFT_LIMIT: u64 = 10_000;
 
 /// One entry as the walk saw it (`lstat`): what it is, its owner and mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,26 +159,26 @@ fn me() -> std::io::Result<u32> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Inspection {
     /// Everything left in the cache is idem's; `removed` lists the files
-    /// that were not (each removed, so wasmtime compiles again).
+    /// that were not (each removed, so the component is compiled again).
     Trusted { removed: Vec<(PathBuf, Problem)> },
-    /// The tree cannot be trusted for this compile: why, and what to do,
+    /// The tree cannot be trusted for this load: why, and what to do,
     /// in one line.
     Untrusted { reason: String },
 }
 
-/// wasmtime's cache in a directory checked to hold only idem's own files.
+/// Compiled components kept in a directory checked to hold only idem's
+/// own files.
 pub(crate) struct CompiledCache {
-    cache: wasmtime::Cache,
     /// The directory as configured (absolute).
     dir: PathBuf,
-    /// The directory with every symlink resolved (what wasmtime uses).
+    /// The directory with every symlink resolved (where the files are).
     real: PathBuf,
     me: u32,
 }
 
 impl CompiledCache {
-    /// wasmtime's cache in `dir`, created (mode 0700: only idem's user may
-    /// put code there) when missing, after checking `dir` and its ancestors.
+    /// The cache in `dir`, created (mode 0700: only idem's user may put
+    /// code there) when missing, after checking `dir` and its ancestors.
     ///
     /// # Errors
     /// One line naming the directory, what is wrong and what to do: it
@@ -219,33 +214,12 @@ impl CompiledCache {
         }
         check_root(&dir, me)?;
         let real = check_parents(&dir, me)?;
-        let mut config = wasmtime::CacheConfig::new();
-        config
-            .with_directory(&real)
-            .with_file_count_soft_limit(FILE_COUNT_SOFT_LIMIT);
-        let cache = wasmtime::Cache::new(config).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot use the compiled-component cache {}: {e}",
-                dir.display()
-            )
-        })?;
-        // wasmtime makes `modules/` itself when it first writes, with the
-        // process's umask; made here it is private whatever the umask.
+        // Made here, `modules/` is private whatever the umask.
         let modules = real.join("modules");
         if !modules.exists() {
             let _ = std::fs::DirBuilder::new().mode(0o700).create(&modules);
         }
-        Ok(Self {
-            cache,
-            dir,
-            real,
-            me,
-        })
-    }
-
-    /// wasmtime's cache, for the engine's config and its hit count.
-    pub(crate) fn wasmtime(&self) -> &wasmtime::Cache {
-        &self.cache
+        Ok(Self { dir, real, me })
     }
 
     /// The directory as configured.
@@ -253,7 +227,7 @@ impl CompiledCache {
         &self.dir
     }
 
-    /// Walks the cache right before a compile (see the module docs):
+    /// Walks the cache right before a load (see the module docs):
     /// removes the files idem's user did not write, and says whether the
     /// tree can be used.
     pub(crate) fn inspect(&self) -> Inspection {
@@ -276,10 +250,10 @@ impl CompiledCache {
         walk(&self.real, self.me, MAX_ENTRIES)
     }
 
-    /// Inspects the cache before compiling `origin` and warns once about what
-    /// it found: files removed, or a tree this compile must not use. Returns
-    /// the salt that keeps the compile from reading the cache (`None`: use it).
-    pub(crate) fn before_compile(&self, origin: &Path) -> Option<[u8; 16]> {
+    /// Inspects the cache before loading `origin` and warns once about what
+    /// it found: files removed, or a tree this load must not use. Returns
+    /// whether the cache may be used.
+    fn before_load(&self, origin: &Path) -> bool {
         match self.inspect() {
             Inspection::Trusted { removed } => {
                 if let Some((first, problem)) = removed.first() {
@@ -293,39 +267,66 @@ impl CompiledCache {
                         shown(self.dir()),
                     );
                 }
-                None
+                true
             }
             Inspection::Untrusted { reason } => {
                 tracing::warn!(
                     module = %origin.display(),
                     "compiling without the compiled-component cache: {reason}"
                 );
-                Some(one_off_salt())
+                false
             }
         }
     }
-}
 
-/// 16 bytes nobody can guess, from the kernel's random source (or, should
-/// that fail, from the standard library's per-process random hash keys).
-fn one_off_salt() -> [u8; 16] {
-    use std::io::Read;
-    let mut salt = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut salt));
-    if read.is_err() {
-        use std::hash::{BuildHasher, Hasher};
-        for (i, half) in salt.chunks_mut(8).enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(i);
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos()),
-            );
-            half.copy_from_slice(&h.finish().to_le_bytes());
+    /// The compiled component whose bytes have SHA-256 `digest` (hex):
+    /// from the cache when it holds it, else compiled by `compile` and
+    /// kept. Says which: `hit`, `miss`, or `skipped` (the tree may not be
+    /// used now: compiled, nothing read or written).
+    ///
+    /// # Errors
+    /// `compile`'s. A file that cannot be loaded or written is a warning.
+    pub(crate) fn load_or_compile<E>(
+        &self,
+        engine: &wasmtime::Engine,
+        digest: &str,
+        origin: &Path,
+        compile: impl FnOnce() -> Result<wasmtime::component::Component, E>,
+    ) -> Result<(wasmtime::component::Component, &'static str), E> {
+        use super::cache_files::{Fetched, evict, fetch, keep};
+        if !self.before_load(origin) {
+            return Ok((compile()?, "skipped"));
         }
+        let modules = self.real.join("modules");
+        let dir = modules.join(super::cache_files::engine_dir(engine));
+        let file = dir.join(digest);
+        // SAFETY: the tree was inspected right above: every file in it is a
+        // regular file of idem's user, every directory writable by nobody
+        // else (fetch's contract).
+        #[allow(unsafe_code)]
+        let fetched = unsafe { fetch(engine, &file, self.me) };
+        match fetched {
+            Fetched::Hit(component) => return Ok((component, "hit")),
+            Fetched::Absent => {}
+            Fetched::Unusable(why) => tracing::warn!(
+                module = %origin.display(),
+                "a file of the compiled-component cache could not be loaded, so the component is compiled again: {}: {why}",
+                shown(&file)
+            ),
+        }
+        let component = compile()?;
+        match keep(&dir, digest, &component) {
+            Ok(()) => {
+                evict(&modules, &file);
+            }
+            Err(e) => tracing::warn!(
+                module = %origin.display(),
+                "cannot keep the compiled component in the cache {}: {e}; the next start compiles it again",
+                shown(&dir)
+            ),
+        }
+        Ok((component, "miss"))
     }
-    salt
 }
 
 /// Checks the cache directory itself (followed if it is a symlink: the
@@ -413,7 +414,7 @@ fn check_ancestors(dir: &Path, from: &Path, me: u32) -> anyhow::Result<()> {
 pub(crate) fn walk(root: &Path, me: u32, cap: usize) -> Inspection {
     let untrusted = |path: &Path, why: &str| Inspection::Untrusted {
         reason: format!(
-            "{} {why}; whoever can write there can replace the code idem loads: make every directory of the cache idem's user's and writable by nobody else (chown, chmod go-w), or set [runtime] cache = false",
+            "{} {why}; whoever could write there may have renamed code under another component's name: delete the cache directory (idem makes it again, private), or set [runtime] cache = false",
             shown(path)
         ),
     };
@@ -423,7 +424,7 @@ pub(crate) fn walk(root: &Path, me: u32, cap: usize) -> Inspection {
     while let Some(dir) = pending.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
-            // Removed by wasmtime's cleanup meanwhile: nothing to load there.
+            // Removed by an eviction meanwhile: nothing to load there.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
                 return untrusted(&dir, &format!("cannot be read: {e}"));
@@ -584,7 +585,7 @@ mod tests {
 
         let reason = |path: &Path, why: &str| Inspection::Untrusted {
             reason: format!(
-                "{} {why}; whoever can write there can replace the code idem loads: make every directory of the cache idem's user's and writable by nobody else (chown, chmod go-w), or set [runtime] cache = false",
+                "{} {why}; whoever could write there may have renamed code under another component's name: delete the cache directory (idem makes it again, private), or set [runtime] cache = false",
                 path.display()
             ),
         };

@@ -253,54 +253,23 @@ pub(crate) fn precheck(bytes: &[u8], path: &Path, limits: &CompileLimits) -> Res
     }
 }
 
-/// Compiles and checks one component's `bytes`, read from `path` (already
-/// through [`precheck`]). With `salt`, wasmtime's cache is not read: the
-/// bytes compiled carry a custom section holding the salt, so their cache
-/// key is one nobody can have written (see [`super::cache`]). See
-/// [`super::Runtime::load_bytes`].
-pub(crate) fn compile(
-    engine: &Engine,
-    linkers: &Linkers,
-    bytes: &[u8],
-    path: &Path,
-    options: LoadOptions,
-    salt: Option<&[u8; 16]>,
-) -> Result<HandlerComponent, LoadError> {
-    let p = || path.to_path_buf();
-    let salted;
-    let compiled = match salt {
-        Some(salt) => {
-            salted = with_salt(bytes, salt);
-            &salted[..]
-        }
-        None => bytes,
-    };
-    let component = Component::from_binary(engine, compiled).map_err(|e| LoadError::Invalid {
-        path: p(),
-        detail: one_line(&e),
-    })?;
-    let digest = hex::encode(Sha256::digest(bytes));
-    link(engine, linkers, &component, path, options, digest)
+/// The SHA-256 of a component's bytes, hex: its digest (in receipts,
+/// deploy records and the compiled-component cache's file names).
+pub(crate) fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
-/// The name of the custom section [`compile`] adds to skip the cache.
-const SALT_SECTION: &[u8] = b"idem-uncached";
-
-/// `bytes` with a custom section (id 0) named [`SALT_SECTION`] holding
-/// `salt` appended: the same component, another cache key.
-fn with_salt(bytes: &[u8], salt: &[u8; 16]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len() + 3 + SALT_SECTION.len() + salt.len());
-    out.extend_from_slice(bytes);
-    // Both lengths are below 128: one LEB128 byte each.
-    let size = 1 + SALT_SECTION.len() + salt.len();
-    out.extend_from_slice(&[0, size as u8, SALT_SECTION.len() as u8]);
-    out.extend_from_slice(SALT_SECTION);
-    out.extend_from_slice(salt);
-    out
+/// Compiles one component's `bytes`, read from `path` (already through
+/// [`precheck`]). See [`super::Runtime::load_bytes`].
+pub(crate) fn compile(engine: &Engine, bytes: &[u8], path: &Path) -> Result<Component, LoadError> {
+    Component::from_binary(engine, bytes).map_err(|e| LoadError::Invalid {
+        path: path.to_path_buf(),
+        detail: one_line(&e),
+    })
 }
 
 /// Checks a compiled component's imports and exports against the host's.
-fn link(
+pub(crate) fn link(
     engine: &Engine,
     linkers: &Linkers,
     component: &Component,
@@ -400,34 +369,6 @@ mod tests {
             LoadOptions { wasi },
             String::new(),
         )
-    }
-
-    #[test]
-    fn a_salted_component_compiles_as_the_same_component() {
-        let rt = Runtime::with_capacity(1).unwrap();
-        let bytes =
-            wat::parse_str("(component (core module (func (result i32) i32.const 7)))").unwrap();
-        let salted = with_salt(&bytes, &[7; 16]);
-        assert_eq!(salted.len(), bytes.len() + 3 + SALT_SECTION.len() + 16);
-        assert_eq!(
-            crate::runtime::code_size::measure(&salted),
-            crate::runtime::code_size::measure(&bytes)
-        );
-        for salt in [None, Some(&[7; 16])] {
-            let loaded = compile(
-                &rt.engine,
-                &rt.linkers,
-                &bytes,
-                Path::new("h.wasm"),
-                LoadOptions::default(),
-                salt,
-            );
-            // It compiles; what is missing is the world's export.
-            assert!(
-                matches!(loaded, Err(LoadError::BadExport { .. })),
-                "{loaded:?}"
-            );
-        }
     }
 
     #[test]

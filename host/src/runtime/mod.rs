@@ -33,6 +33,7 @@
 
 mod bindings;
 mod cache;
+mod cache_files;
 pub mod code_size;
 pub mod component_slot;
 mod guest_log;
@@ -205,8 +206,7 @@ impl HandlerFailure {
 pub struct Runtime {
     engine: Engine,
     linkers: load::Linkers,
-    /// wasmtime's compiled-code cache, when on: inspected before each
-    /// compile, and held to read its hit count.
+    /// The compiled-component cache, when on: inspected before each load.
     cache: Option<cache::CompiledCache>,
     /// The most code one component may bring to compile.
     compile: CompileLimits,
@@ -244,20 +244,20 @@ impl Runtime {
     }
 
     /// A runtime like [`Runtime::with_capacity`] that keeps compiled
-    /// components in `cache_dir` (created, mode 0700, when missing) with
-    /// wasmtime's own cache: keyed by a hash of the component's bytes, the
-    /// wasmtime version and the engine's settings, so a restart, or another
-    /// host on the machine, loads a component it has compiled before
-    /// without compiling it. `None`: no cache. Other options default
-    /// ([`RuntimeOptions`]).
+    /// components in `cache_dir` (created, mode 0700, when missing): one
+    /// file per component, named by the SHA-256 of its bytes under a
+    /// directory named by the wasmtime version and the engine's settings,
+    /// so a restart, or another host on the machine, maps a component it
+    /// has compiled before instead of compiling it. `None`: no cache. Other
+    /// options default ([`RuntimeOptions`]).
     ///
-    /// wasmtime loads what it finds there as machine code after checking
+    /// wasmtime runs what it maps from there as machine code after checking
     /// only that this wasmtime with these settings made it, so the cache
     /// holds only what idem's user wrote: its parents must be root's or
     /// idem's user's and writable by nobody else (root's sticky `/tmp`
     /// excepted), and before each compile the tree is walked: a file idem's
     /// user did not write (or others may write) is removed and compiled
-    /// again, and a directory others may write makes that compile skip the
+    /// again, and a directory others may write makes that load skip the
     /// cache, with a warning (ARCHITECTURE.md, "Compiled-component cache").
     ///
     /// # Errors
@@ -314,7 +314,6 @@ impl Runtime {
             Some(dir) => Some(cache::CompiledCache::open(dir)?),
             None => None,
         };
-        config.cache(cache.as_ref().map(|c| c.wasmtime().clone()));
         let engine = Engine::new(&config)?;
 
         let mut plain = Linker::new(&engine);
@@ -402,23 +401,20 @@ impl Runtime {
     ) -> Result<Arc<HandlerComponent>, LoadError> {
         let started = Instant::now();
         load::precheck(bytes, origin, &self.compile)?;
-        let salt = self.cache.as_ref().and_then(|c| c.before_compile(origin));
-        let hits = self.cache.as_ref().map(|c| c.wasmtime().cache_hits());
-        let component = load::compile(
+        let digest = load::digest(bytes);
+        let compile = || load::compile(&self.engine, bytes, origin);
+        let (compiled, cache) = match &self.cache {
+            Some(c) => c.load_or_compile(&self.engine, &digest, origin, compile)?,
+            None => (compile()?, "off"),
+        };
+        let component = load::link(
             &self.engine,
             &self.linkers,
-            bytes,
+            &compiled,
             origin,
             options,
-            salt.as_ref(),
+            digest,
         )?;
-        let after = self.cache.as_ref().map(|c| c.wasmtime().cache_hits());
-        let cache = match (hits, after) {
-            _ if salt.is_some() => "skipped",
-            (Some(before), Some(after)) if after > before => "hit",
-            (Some(_), _) => "miss",
-            _ => "off",
-        };
         tracing::info!(module = %origin.display(), digest = %component.digest(), cache, ms = started.elapsed().as_millis() as u64, "component loaded");
         Ok(Arc::new(component))
     }
