@@ -47,7 +47,8 @@ pub(crate) enum Kind {
 }
 
 impl Seen {
-    fn of(meta: &std::fs::Metadata) -> Self {
+    /// What `meta` (from `lstat` or `fstat`) says of an entry.
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
         let t = meta.file_type();
         let kind = if t.is_dir() {
             Kind::Directory

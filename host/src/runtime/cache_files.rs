@@ -80,11 +80,7 @@ pub(crate) unsafe fn fetch(engine: &Engine, file: &Path, me: u32) -> Fetched {
     let path = format!("/proc/self/fd/{}", copy.as_raw_fd());
     // SAFETY: see this function's contract.
     match unsafe { Component::deserialize_file(engine, &path) } {
-        Ok(component) => {
-            // The file's time is its last use: the eviction's order.
-            let _ = std::fs::File::open(file).and_then(|f| f.set_modified(SystemTime::now()));
-            Fetched::Hit(component)
-        }
+        Ok(component) => Fetched::Hit(component),
         Err(e) => Fetched::Unusable(super::load::one_line(&e)),
     }
 }
@@ -92,7 +88,8 @@ pub(crate) unsafe fn fetch(engine: &Engine, file: &Path, me: u32) -> Fetched {
 /// `file`'s bytes in an anonymous memory file (`memfd_create(2)`) that no
 /// other process holds. `file` is opened without following a symlink or
 /// blocking on a FIFO, and must be, on the descriptor read, a regular file
-/// of `me`'s with one link that group and others may not write.
+/// of `me`'s with one link that group and others may not write. Its time
+/// is set to now: its last use, the eviction's order.
 ///
 /// # Errors
 /// `NotFound` when there is no such file; the check's or the copy's error.
@@ -104,10 +101,12 @@ fn private_copy(file: &Path, me: u32) -> std::io::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(file)?;
     let meta = source.metadata()?;
-    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 || meta.nlink() != 1 {
-        return Err(std::io::Error::other(
-            "is not a regular file of idem's user with one link that only it may write",
-        ));
+    // The walk's rule for a file, again on what is read; and one link.
+    if let Err(problem) = super::cache::judge_file(super::cache::Seen::of(&meta), me) {
+        return Err(std::io::Error::other(problem.to_string()));
+    }
+    if meta.nlink() != 1 {
+        return Err(std::io::Error::other("has more than one link"));
     }
     #[allow(unsafe_code)]
     // SAFETY: a NUL-terminated name and valid flags; the result is a new
@@ -122,6 +121,8 @@ fn private_copy(file: &Path, me: u32) -> std::io::Result<std::fs::File> {
     // On Linux std copies file to file in the kernel (copy_file_range or
     // sendfile).
     std::io::copy(&mut source, &mut copy)?;
+    // The file's time is its last use: the eviction's order.
+    let _ = source.set_modified(SystemTime::now());
     Ok(copy)
 }
 

@@ -255,7 +255,7 @@ impl Runtime {
     /// only that this wasmtime with these settings made it, so the cache
     /// holds only what idem's user wrote: its parents must be root's or
     /// idem's user's and writable by nobody else (root's sticky `/tmp`
-    /// excepted), and before each compile the tree is walked: a file idem's
+    /// excepted), and before each load the tree is walked: a file idem's
     /// user did not write (or others may write) is removed and compiled
     /// again, and a directory others may write makes that load skip the
     /// cache, with a warning (ARCHITECTURE.md, "Compiled-component cache").
