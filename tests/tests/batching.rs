@@ -88,6 +88,18 @@ async fn a_batch_commits_together_and_fails_alone(backend: Backend) {
     assert_eq!(dl[0].0.as_deref(), Some("e3"));
     assert!(dl[0].1.starts_with("rejected: "), "{dl:?}");
     assert_eq!(dl[1].0, None);
+    // Every delivery was acked or termed: the server read the batch's plain
+    // acks before it answered the last one, confirmed, and the counters
+    // move only after that answer.
+    let info = idem_tests::chaos::consumer_info(&js, "ACCOUNTS", "behave")
+        .await
+        .expect("the consumer's info");
+    assert_eq!(
+        (info.num_pending, info.num_ack_pending),
+        (0, 0),
+        "{}",
+        idem_tests::chaos::describe_consumer(&info)
+    );
     host.stop().await;
 }
 on_both_databases!(

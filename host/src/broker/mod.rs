@@ -425,19 +425,19 @@ pub async fn settle(
     }
 }
 
-/// Acks `copies`, deliveries whose receipts a lookup found committed: a
-/// plain `+ACK` each but the last, whose ack is confirmed. The server reads
-/// a connection's messages in order, so its reply to the last says it has
-/// read them all: the copies of a pull or batch cost one round trip
+/// Acks `msgs` together: a plain `+ACK` each but the last, whose ack is
+/// confirmed. The server reads a connection's messages in order, so its
+/// reply to the last says it has read them all: the deliveries of one
+/// committed batch, or the copies a lookup found, cost one round trip
 /// together instead of one each. An ack is only a hint to stop
-/// redelivering (module docs): a copy whose ack is lost comes again and is
-/// found again.
+/// redelivering (module docs): a delivery whose ack is lost comes again
+/// and its receipt absorbs it.
 ///
 /// # Errors
 /// The client's error when an ack could not be queued, or the last one was
 /// not confirmed within [`CONFIRM_WAIT`].
-pub async fn ack_copies(copies: &[&jetstream::Message]) -> Result<(), async_nats::Error> {
-    let Some((last, rest)) = copies.split_last() else {
+pub async fn ack_together(msgs: &[&jetstream::Message]) -> Result<(), async_nats::Error> {
+    let Some((last, rest)) = msgs.split_last() else {
         return Ok(());
     };
     for msg in rest {

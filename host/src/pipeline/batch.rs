@@ -30,6 +30,7 @@ use super::Unsettled;
 use super::{Delivery, Outcome, Pipeline};
 use crate::broker;
 use crate::metrics::{CommitTimings, HandlerStats};
+use crate::pipeline::fault;
 use crate::pipeline::step::{BatchApplied, BatchItem, StepFailed};
 use crate::pipeline::verdict::{self, Attempt, DeliveryCount, Verdict};
 use crate::runtime::GuestMessage;
@@ -170,7 +171,7 @@ impl Pipeline {
         let BatchApplied { items, commit } = applied;
         let mut again = Vec::new();
         let mut deferred = Vec::new();
-        let mut acks = Vec::new();
+        let mut acks: Vec<(usize, Attempt)> = Vec::new();
         let mut failed = Vec::new();
         for (&i, item) in pending.iter().zip(items) {
             let (d, id) = &batch[i];
@@ -203,26 +204,13 @@ impl Pipeline {
             };
             let verdict = verdict::decide(&attempt, count, self.config.nak_delay(d.delivered));
             if matches!(verdict, Verdict::Processed | Verdict::Duplicate) {
-                acks.push((i, attempt, verdict));
+                acks.push((i, attempt));
             } else {
                 failed.push((i, attempt, verdict));
             }
         }
-        // Every ack after the one COMMIT, sent together.
-        let acked = futures::future::join_all(acks.iter().map(|(i, attempt, verdict)| {
-            let (d, id) = &batch[*i];
-            let span = self.delivery_span(d);
-            span.record("message_id", id.as_str());
-            self.settle(d, Some(id), attempt, verdict.clone())
-                .instrument(span)
-        }))
-        .await;
-        for ((i, attempt, _), outcome) in acks.iter().zip(acked) {
-            // A confirmed ack never needs the database: always `Ok`.
-            if let Ok(outcome) = outcome {
-                self.settled_in_batch(batch[*i].0.msg, &mut keep[*i], unsettled, attempt, &outcome);
-            }
-        }
+        // Every ack after the one COMMIT, sent together: one round trip.
+        self.ack_committed(batch, &acks, keep, unsettled).await;
         // The failed ones one at a time: a dead letter is a write of its own.
         for (i, attempt, verdict) in failed {
             let (d, id) = &batch[i];
@@ -243,6 +231,46 @@ impl Pipeline {
             }
         }
         (again, deferred)
+    }
+
+    /// Acks the members `acks` of a committed batch (processed, or found
+    /// duplicate by their receipts) with [`broker::ack_together`]: plain
+    /// acks and the last confirmed. A processed member passes the
+    /// after-commit fault point first, as alone. Each is then settled: its
+    /// keep-alive ends, it is counted. An ack that fails is counted and
+    /// left to the receipt, as alone.
+    async fn ack_committed(
+        &self,
+        batch: &[(Delivery<'_>, String)],
+        acks: &[(usize, Attempt)],
+        keep: &mut [Option<broker::InProgress>],
+        unsettled: &Unsettled,
+    ) {
+        let sent: Vec<&Message> = acks
+            .iter()
+            .filter(|(_, attempt)| {
+                matches!(attempt, Attempt::Duplicate)
+                    || fault::after_commit() == fault::AfterCommit::Ack
+            })
+            .map(|(i, _)| batch[*i].0.msg)
+            .collect();
+        if let Err(e) = broker::ack_together(&sent).await {
+            let stats = self.handler.stats();
+            for _ in &sent {
+                HandlerStats::incr(&stats.ack_failures);
+            }
+            tracing::warn!(handler = %self.handler.name(), acks = sent.len(), error = %e, "ack after the batch's commit failed; the receipts will absorb the redeliveries");
+        }
+        for (i, attempt) in acks {
+            let outcome = match attempt {
+                Attempt::Duplicate => {
+                    tracing::debug!(handler = %self.handler.name(), message_id = %batch[*i].1, "duplicate in the batch: receipt exists; acked");
+                    Outcome::Duplicate
+                }
+                _ => Outcome::Processed,
+            };
+            self.settled_in_batch(batch[*i].0.msg, &mut keep[*i], unsettled, attempt, &outcome);
+        }
     }
 
     /// A member of a committed batch was settled: its keep-alive ends, a

@@ -152,7 +152,7 @@ impl Pipeline {
     }
 
     /// Acks `dups` (copies a lookup found committed receipts for) together
-    /// ([`broker::ack_copies`]: plain acks, the last confirmed): each is counted
+    /// ([`broker::ack_together`]: plain acks, the last confirmed): each is counted
     /// as a delivery, a duplicate and one found by a lookup, and crossed
     /// off `unsettled`.
     pub async fn ack_duplicates(&self, dups: &[(Message, String)], unsettled: &Unsettled) {
@@ -162,7 +162,7 @@ impl Pipeline {
             tracing::debug!(handler = %self.handler.name(), message_id = %id, "receipt found by the lookup; a duplicate without a transaction");
         }
         let copies: Vec<&Message> = dups.iter().map(|(msg, _)| msg).collect();
-        if let Err(e) = broker::ack_copies(&copies).await {
+        if let Err(e) = broker::ack_together(&copies).await {
             for _ in dups {
                 HandlerStats::incr(&stats.ack_failures);
             }

@@ -11,9 +11,10 @@
 //! `BEGIN IMMEDIATE` transaction the connection holds the write lock, so no
 //! statement waits for another writer, and each is bounded by the
 //! transaction's progress handler. Only what can wait runs on tokio's
-//! blocking pool: opening a connection, `BEGIN IMMEDIATE` (waits for the
-//! write lock up to the busy timeout) and `COMMIT` (fsync, and the WAL
-//! checkpoint it may run).
+//! blocking pool: opening a connection, `BEGIN IMMEDIATE` when the write
+//! lock is taken (it waits up to the busy timeout; a free lock is taken on
+//! the task, without waiting) and `COMMIT` (fsync, and the WAL checkpoint
+//! it may run).
 //!
 //! The pool beside sqlx's (`super::Pool`): the same file and settings (WAL,
 //! `synchronous=FULL`, busy timeout, foreign keys on), up to the same
@@ -110,7 +111,34 @@ impl Conns {
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)?
         .map_err(|_| sqlx::Error::PoolClosed)?;
-        let idle = lock(&shared.idle).pop();
+        let mut idle = lock(&shared.idle).pop();
+        // The write lock is usually free: take it here, without waiting,
+        // and save the two thread switches of the blocking pool. Not in
+        // memory: a shared cache's table lock waits through unlock-notify,
+        // which no busy timeout stops.
+        if let Some(conn) = idle.take_if(|_| !shared.spec.in_memory) {
+            let begun = begin_without_waiting(&lock(&conn), shared.spec.busy_timeout);
+            match begun {
+                Ok(()) => {
+                    return Ok(Conn {
+                        conn,
+                        shared: Arc::clone(shared),
+                        _permit: permit,
+                    });
+                }
+                Err(e) if is_busy(&e) => idle = Some(conn),
+                Err(e) => {
+                    let conn = Conn {
+                        conn,
+                        shared: Arc::clone(shared),
+                        _permit: permit,
+                    };
+                    // Given back to the pool as it was, as below.
+                    drop(conn);
+                    return Err(super::codes::to_sqlx(e));
+                }
+            }
+        }
         let spec = shared.spec.clone();
         let (conn, begun) = tokio::task::spawn_blocking(move || {
             let conn = match idle {
@@ -138,6 +166,28 @@ impl Conns {
         self.0.permits.close();
         lock(&self.0.idle).clear();
     }
+}
+
+/// `BEGIN IMMEDIATE` on `conn` if the write lock is free now: with no
+/// busy handler SQLite answers `SQLITE_BUSY` at once instead of waiting
+/// (<https://sqlite.org/c3ref/busy_timeout.html>); the connection's
+/// `busy_timeout` is set again either way. What BEGIN reads is the WAL
+/// index (shared memory) and, when another connection wrote since, the
+/// database's first page: no fsync, no wait.
+///
+/// # Errors
+/// `SQLITE_BUSY` when another connection holds the write lock (wait for
+/// it on the blocking pool), or why BEGIN failed otherwise.
+fn begin_without_waiting(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::ZERO)?;
+    let begun = conn.execute_batch("BEGIN IMMEDIATE");
+    let restored = conn.busy_timeout(busy_timeout);
+    begun.and(restored)
+}
+
+/// Whether `e` is `SQLITE_BUSY` (any extended code of it).
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DatabaseBusy)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
