@@ -427,23 +427,32 @@ pub async fn settle(
 
 /// Acks `msgs` together: a plain `+ACK` each but the last, whose ack is
 /// confirmed. The server reads a connection's messages in order, so its
-/// reply to the last says it has read them all: the deliveries of one
-/// committed batch, or the copies a lookup found, cost one round trip
-/// together instead of one each. An ack is only a hint to stop
-/// redelivering (module docs): a delivery whose ack is lost comes again
-/// and its receipt absorbs it.
+/// reply to the last says it has read the others sent on that connection:
+/// the deliveries of one committed batch, or the copies a lookup found,
+/// cost one round trip together instead of one each. An ack is only a
+/// hint to stop redelivering (module docs): a delivery whose ack is lost
+/// (a reconnect between the plain acks and the last drops what the old
+/// connection had not sent) comes again and its receipt absorbs it.
 ///
 /// # Errors
-/// The client's error when an ack could not be queued, or the last one was
-/// not confirmed within [`CONFIRM_WAIT`].
+/// The client's error when an ack could not be queued (the others are
+/// still sent), or the whole did not finish, the last confirmed, within
+/// [`CONFIRM_WAIT`].
 pub async fn ack_together(msgs: &[&jetstream::Message]) -> Result<(), async_nats::Error> {
     let Some((last, rest)) = msgs.split_last() else {
         return Ok(());
     };
-    for msg in rest {
-        msg.ack().await?;
-    }
-    confirmed(last.double_ack()).await
+    confirmed(async {
+        let mut failed = None;
+        for msg in rest {
+            if let Err(e) = msg.ack().await {
+                failed.get_or_insert(e);
+            }
+        }
+        let last = last.double_ack().await;
+        failed.map_or(last, Err)
+    })
+    .await
 }
 
 /// `reply`, or a timeout error once [`CONFIRM_WAIT`] has passed.

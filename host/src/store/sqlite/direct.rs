@@ -171,9 +171,11 @@ impl Conns {
 /// `BEGIN IMMEDIATE` on `conn` if the write lock is free now: with no
 /// busy handler SQLite answers `SQLITE_BUSY` at once instead of waiting
 /// (<https://sqlite.org/c3ref/busy_timeout.html>); the connection's
-/// `busy_timeout` is set again either way. What BEGIN reads is the WAL
-/// index (shared memory) and, when another connection wrote since, the
-/// database's first page: no fsync, no wait.
+/// `busy_timeout` is set again either way. In WAL mode BEGIN reads the
+/// WAL index (shared memory) and, when another connection wrote since, the
+/// database's first page; only rare cases do more on the task (a WAL
+/// index rebuilt after another process crashed, SQLite's short sleeps
+/// while a writer swaps the WAL index under heavy contention).
 ///
 /// # Errors
 /// `SQLITE_BUSY` when another connection holds the write lock (wait for
