@@ -347,9 +347,9 @@ impl Runtime {
         })
     }
 
-    /// The pooling allocator's decommit batch: how many freed instances'
-    /// memories (per queue, [`options::decommit_queues`]) wait to be reset
-    /// together.
+    /// The pooling allocator's decommit batch: how many freed regions
+    /// (memories and tables; per queue, [`options::decommit_queues`]) wait
+    /// to be reset together.
     pub fn decommit_batch(&self) -> usize {
         self.decommit_batch
     }

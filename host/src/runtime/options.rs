@@ -1,6 +1,7 @@
 //! What a [`super::Runtime`] is made with, and the one engine setting
-//! derived from it that bounds memory: how many freed instances the pooling
-//! allocator may keep resident before resetting them together
+//! derived from it that bounds memory: how many freed regions (memories
+//! and tables) the pooling allocator may keep resident before resetting
+//! them together
 //! (ARCHITECTURE.md, "Memory of guests").
 
 use super::code_size::CompileLimits;
@@ -90,9 +91,10 @@ pub fn decommit_queues() -> usize {
 /// are at most `largest_memory_bytes`, with `queues` queues: the largest
 /// batch, at most [`MAX_DECOMMIT_BATCH`] and at least 1, for which the
 /// freed memories waiting in every queue stay within `budget_bytes`. A
-/// queue holds at most `batch - 1` freed memories (the one that fills it
-/// resets them all), so what waits is at most
-/// `queues × (batch - 1) × largest_memory_bytes`.
+/// queue holds at most `batch - 1` freed regions (the one that fills it
+/// resets them all), and a region is at most one memory (wasmtime counts
+/// each freed memory and each freed table as a region), so what waits is
+/// at most `queues × (batch - 1) × largest_memory_bytes`.
 pub fn decommit_batch(largest_memory_bytes: usize, queues: usize, budget_bytes: usize) -> usize {
     let per_slot = largest_memory_bytes.max(1).saturating_mul(queues.max(1));
     (budget_bytes / per_slot)
