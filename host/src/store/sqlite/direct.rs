@@ -111,46 +111,22 @@ impl Conns {
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)?
         .map_err(|_| sqlx::Error::PoolClosed)?;
-        let mut idle = lock(&shared.idle).pop();
-        // The write lock is usually free: take it here, without waiting,
-        // and save the two thread switches of the blocking pool. Not in
-        // memory: a shared cache's table lock waits through unlock-notify,
-        // which no busy timeout stops.
-        if let Some(conn) = idle.take_if(|_| !shared.spec.in_memory) {
-            let begun = begin_without_waiting(&lock(&conn), shared.spec.busy_timeout);
-            match begun {
-                Ok(()) => {
-                    return Ok(Conn {
-                        conn,
-                        shared: Arc::clone(shared),
-                        _permit: permit,
-                    });
-                }
-                Err(e) if is_busy(&e) => idle = Some(conn),
-                Err(e) => {
-                    let conn = Conn {
-                        conn,
-                        shared: Arc::clone(shared),
-                        _permit: permit,
-                    };
-                    // Given back to the pool as it was, as below.
-                    drop(conn);
-                    return Err(super::codes::to_sqlx(e));
+        let idle = lock(&shared.idle).pop();
+        // The write lock is usually free: an idle connection takes it here,
+        // without waiting, saving the blocking pool's two thread switches;
+        // only a lock held elsewhere is waited for there. Not in memory: a
+        // shared cache's table lock waits through unlock-notify, which no
+        // busy timeout stops.
+        let (conn, begun) = match idle {
+            Some(conn) if !shared.spec.in_memory => {
+                let begun = begin_without_waiting(&lock(&conn), shared.spec.busy_timeout);
+                match begun {
+                    Err(e) if is_busy(&e) => begin_waiting(&shared.spec, Some(conn)).await?,
+                    begun => (conn, begun),
                 }
             }
-        }
-        let spec = shared.spec.clone();
-        let (conn, begun) = tokio::task::spawn_blocking(move || {
-            let conn = match idle {
-                Some(c) => c,
-                None => Arc::new(Mutex::new(spec.open()?)),
-            };
-            let begun = lock(&conn).execute_batch("BEGIN IMMEDIATE");
-            Ok::<_, rusqlite::Error>((conn, begun))
-        })
-        .await
-        .map_err(|_| sqlx::Error::WorkerCrashed)?
-        .map_err(super::codes::to_sqlx)?;
+            idle => begin_waiting(&shared.spec, idle).await?,
+        };
         let conn = Conn {
             conn,
             shared: Arc::clone(shared),
@@ -166,6 +142,31 @@ impl Conns {
         self.0.permits.close();
         lock(&self.0.idle).clear();
     }
+}
+
+/// `BEGIN IMMEDIATE` on the blocking pool, on `idle` or a connection
+/// opened as `spec` says, waiting for the write lock up to the busy
+/// timeout; the connection comes back with BEGIN's result.
+///
+/// # Errors
+/// The blocking task failed (`WorkerCrashed`) or the connection could not
+/// be opened.
+async fn begin_waiting(
+    spec: &OpenSpec,
+    idle: Option<Shareable>,
+) -> Result<(Shareable, rusqlite::Result<()>), sqlx::Error> {
+    let spec = spec.clone();
+    tokio::task::spawn_blocking(move || {
+        let conn = match idle {
+            Some(c) => c,
+            None => Arc::new(Mutex::new(spec.open()?)),
+        };
+        let begun = lock(&conn).execute_batch("BEGIN IMMEDIATE");
+        Ok::<_, rusqlite::Error>((conn, begun))
+    })
+    .await
+    .map_err(|_| sqlx::Error::WorkerCrashed)?
+    .map_err(super::codes::to_sqlx)
 }
 
 /// `BEGIN IMMEDIATE` on `conn` if the write lock is free now: with no
