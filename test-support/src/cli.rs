@@ -25,8 +25,9 @@ pub fn binary_beside_tests(name: &str) -> PathBuf {
 /// Runs `bin` with `args` and `env` to its end: `(exit code, stdout,
 /// stderr)`, the code -1 when a signal ended it. The variables in `env`
 /// are the only `IDEM_*` config (and `CREDENTIALS_DIRECTORY`) it sees: any
-/// the test runner has are removed first. Logging is off (`RUST_LOG=off`),
-/// so stderr holds only what the CLI prints itself (its one-line errors).
+/// the test runner has are removed first. Logging is off (`RUST_LOG=off`)
+/// unless `env` sets `RUST_LOG`, so stderr holds only what the CLI prints
+/// itself (its one-line errors).
 ///
 /// # Panics
 /// When `bin` cannot be started.
@@ -37,10 +38,12 @@ pub fn run_cli(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String,
             cmd.env_remove(k);
         }
     }
+    if !env.iter().any(|(k, _)| *k == "RUST_LOG") {
+        cmd.env("RUST_LOG", "off");
+    }
     let out = cmd
         .args(args)
         .envs(env.iter().copied())
-        .env("RUST_LOG", "off")
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
     (

@@ -120,3 +120,18 @@ pub fn deploy_cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
     all.extend_from_slice(args);
     crate::idem_cli(&all, &DeployKeys::of(cfg.parent().unwrap()).env())
 }
+
+/// The deploy buckets of the broker at `url` (`[deploy]` defaults), over a
+/// connection of idem's own as the host makes it.
+///
+/// # Errors
+/// As [`DeployStore::open`]: the broker cannot be reached, or a bucket
+/// cannot be opened or created.
+pub async fn deploy_store(url: &str) -> anyhow::Result<DeployStore> {
+    let broker = idem::broker::connect(&idem::config::BrokerConfig {
+        url: url.to_owned(),
+        ..Default::default()
+    })
+    .await?;
+    DeployStore::open(&broker, &idem::config::DeployConfig::default()).await
+}

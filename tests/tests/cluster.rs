@@ -536,3 +536,70 @@ async fn a_leadership_change_is_followed_by_a_new_pull() {
     );
     assert!(liveness.silence() < heartbeat);
 }
+
+/// A host started while the cluster has no quorum (two of its three nodes
+/// killed, so JetStream answers no API request) asks again instead of
+/// exiting; once the nodes are back it makes its buckets, stream and
+/// consumer and applies every message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_started_without_quorum_waits_for_it() {
+    let mut cluster = NatsCluster::start(3).await;
+    let db = TestDb::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = HandlerSpec::new(CONSUMER, "credit");
+    spec.extra.push_str("stream_replicas = 3\n");
+    let cfg = write_config_for(dir.path(), &cluster.urls(), &db, &[spec]);
+    cluster.kill(1);
+    cluster.kill(2);
+    let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h1");
+    let log = |host: &HostProcess| std::fs::read_to_string(&host.log).unwrap_or_default();
+    // Driven by the host: the nodes come back once it has said it waits
+    // for the first bucket (the first JetStream request it makes).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log(&host).contains("JetStream does not answer about KV bucket idem-deployments") {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "the host did not wait for JetStream; its log:\n{}",
+            log(&host)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.start_again(1);
+    cluster.start_again(2);
+
+    let js = cluster.jetstream().await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !log(&host).contains("every handler is consuming") {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "the host did not start once the cluster was back; its log:\n{}",
+            log(&host)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workload = Workload::credit(7, 300, 20, 10, 0);
+    let resent = publish_all(&js, "accounts.credit", &workload.messages, 64, deadline).await;
+    let probe = Probe::new(&db);
+    let (balances, ids) = workload.expected();
+    while probe.receipts(CONSUMER).await.unwrap_or(0) < 300
+        || probe.dead_letters(CONSUMER).await.unwrap_or(0) < 1
+    {
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "{} receipts of 300; the host's log:\n{}",
+            probe.receipts(CONSUMER).await.unwrap_or(0),
+            log(&host)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ids.len(), 300);
+    assert_eq!(probe.balances().await.unwrap(), balances);
+    assert_eq!(probe.receipts(CONSUMER).await.unwrap(), 300);
+    assert_eq!(probe.dead_letters(CONSUMER).await.unwrap(), 1);
+    let ended = host.terminate(Duration::from_secs(30));
+    assert_eq!(ended.status.and_then(|s| s.code()), Some(0));
+    let stats = ended.stats.unwrap();
+    assert_eq!(stats.processed, 300);
+    assert_eq!(stats.dead_lettered, 1);
+    assert_eq!(stats.duplicates, (workload.duplicates + resent) as u64);
+}

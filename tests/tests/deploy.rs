@@ -10,11 +10,10 @@
 //! version its receipt names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::config::DeployConfig;
 use idem::deploy::Deployment;
-use idem::deploy::store::{DeployStore, RecordError};
+use idem::deploy::store::RecordError;
 use idem_tests::chaos::{HostProcess, publish_all};
-use idem_tests::deploy_keys::{DeployKeys, trust_in};
+use idem_tests::deploy_keys::{DeployKeys, deploy_store, trust_in};
 use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -226,9 +225,7 @@ async fn deploy_rollback_history_and_refusals() {
     // Records the deploy command would never write, put by hand by a
     // holder of the deploy key (signed): the host refuses each and keeps v1.
     let keys = DeployKeys::of(dir.path());
-    let store = DeployStore::open(&js, &DeployConfig::default())
-        .await
-        .unwrap();
+    let store = deploy_store(&nats.url()).await.unwrap();
     let garbage = b"neither wasm nor anything".to_vec();
     let dg = sha256_hex(&garbage);
     store.put_module(&dg, &garbage).await.unwrap();
@@ -506,7 +503,7 @@ async fn two_hosts_take_two_deploys_and_a_rollback_under_load() {
     let js = nats.jetstream().await;
     // Wait until both report to the hosts bucket.
     let store = loop {
-        if let Ok(s) = DeployStore::open(&js, &DeployConfig::default()).await {
+        if let Ok(s) = deploy_store(&nats.url()).await {
             break s;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

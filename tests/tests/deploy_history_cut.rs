@@ -16,10 +16,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use async_nats::jetstream;
-use idem::config::DeployConfig;
 use idem::deploy::Deployment;
 use idem::deploy::store::DeployStore;
-use idem_tests::deploy_keys::{DeployKeys, deploy_cli, trust_in};
+use idem_tests::deploy_keys::{DeployKeys, deploy_cli, deploy_store, trust_in};
 use idem_tests::examples::{credit_log_migrations, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -114,9 +113,7 @@ async fn history_cut(backend: Backend) {
     assert_eq!(host.slot("h").current().digest(), d2);
     publish(&js, "accounts.credit", &credit("e1", 1, 1), &[]).await;
     host.wait_for("h", "e1 on v2", |s| s.processed == 1).await;
-    let store = DeployStore::open(&js, &DeployConfig::default())
-        .await
-        .unwrap();
+    let store = deploy_store(&nats.url()).await.unwrap();
     let history = store.history("h").await.unwrap();
     assert_eq!(history.records.len(), 2);
     let v1_record = history.records[0].deployment.clone().unwrap();

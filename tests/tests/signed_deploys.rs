@@ -11,13 +11,11 @@
 //! others can read.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::config::DeployConfig;
 use idem::deploy::Deployment;
 use idem::deploy::heartbeat::HostReport;
 use idem::deploy::keys::{Role, read_seed};
-use idem::deploy::store::DeployStore;
 use idem_tests::chaos::HostProcess;
-use idem_tests::deploy_keys::{DeployKeys, trust_in};
+use idem_tests::deploy_keys::{DeployKeys, deploy_store, trust_in};
 use idem_tests::examples::{credit_log_migrations, eventually, sha256_hex};
 use idem_tests::*;
 use std::path::{Path, PathBuf};
@@ -155,9 +153,7 @@ async fn a_writer_without_the_deploy_key_decides_nothing() {
     let host = RunningHost::start(&cfg).await;
     let slot = host.slot("h").clone();
     let js = nats.jetstream().await;
-    let store = DeployStore::open(&js, &DeployConfig::default())
-        .await
-        .unwrap();
+    let store = deploy_store(&nats.url()).await.unwrap();
     let record = |digest: &str, size: usize| Deployment {
         digest: digest.to_owned(),
         previous: Some(d1.clone()),
@@ -429,9 +425,7 @@ async fn two_keys_trusted_at_once_rotate() {
     let host = RunningHost::start(&only_new).await;
     let slot = host.slot("rot").clone();
     assert_eq!(slot.current().digest(), d3);
-    let store = DeployStore::open(&js, &DeployConfig::default())
-        .await
-        .unwrap();
+    let store = deploy_store(&nats.url()).await.unwrap();
     let r = old
         .put_signed(
             &store,

@@ -81,7 +81,7 @@ pub async fn run(args: Request) -> anyhow::Result<()> {
         Some(signing_key(&config, args.key.as_deref(), path)?)
     };
     let broker = crate::broker::connect(&config.broker).await?;
-    let store = DeployStore::open(&broker.js, &config.deploy).await?;
+    let store = DeployStore::open(&broker, &config.deploy).await?;
     create_shadows(&store).await;
     let Some(key) = key else {
         if args.shadow_report {
@@ -492,7 +492,7 @@ pub(super) async fn reports(store: &DeployStore) -> anyhow::Result<Vec<Report>> 
 pub async fn status(config: &Path) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let broker = crate::broker::connect(&config.broker).await?;
-    let store = DeployStore::open(&broker.js, &config.deploy).await?;
+    let store = DeployStore::open(&broker, &config.deploy).await?;
     create_shadows(&store).await;
     let store = with_marks(&config, store).await;
     let reports = reports(&store).await?;

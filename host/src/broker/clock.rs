@@ -79,6 +79,10 @@ pub enum ClockError {
         stream: String,
         /// The client's error.
         detail: String,
+        /// Whether JetStream did not answer, or answered "not now" (a
+        /// leader election: [`super::unanswered`]), so asking again may
+        /// succeed.
+        unanswered: bool,
     },
     /// The server answered without a time (nats-server before 2.10).
     #[error(
@@ -98,25 +102,28 @@ pub async fn read(
     js: &async_nats::jetstream::Context,
     stream: &str,
 ) -> Result<(i64, Instant), ClockError> {
-    let unreadable = |detail: String| ClockError::Unreadable {
+    let unreadable = |detail: String, unanswered: bool| ClockError::Unreadable {
         stream: stream.to_owned(),
         detail,
+        unanswered,
     };
     let sent = Instant::now();
     let info: StreamInfoTime = js
         .request(format!("STREAM.INFO.{stream}"), &())
         .await
-        .map_err(|e| unreadable(e.to_string()))?;
+        .map_err(|e| unreadable(e.to_string(), super::unanswered::unanswered_error(&e)))?;
     let received = Instant::now();
     if let Some(error) = info.error {
+        let not_now = serde_json::from_value::<async_nats::jetstream::Error>(error.clone())
+            .is_ok_and(|j| super::unanswered::unanswered_error(&j));
         let detail = error
             .get("description")
             .and_then(serde_json::Value::as_str)
             .map_or_else(|| error.to_string(), str::to_owned);
-        return Err(unreadable(detail));
+        return Err(unreadable(detail, not_now));
     }
     let ts = info.ts.ok_or(ClockError::NoTime)?;
-    let broker_ms = parse_ts(&ts).ok_or_else(|| unreadable(format!("bad time `{ts}`")))?;
+    let broker_ms = parse_ts(&ts).ok_or_else(|| unreadable(format!("bad time `{ts}`"), false))?;
     Ok((broker_ms, sent + (received - sent) / 2))
 }
 

@@ -25,6 +25,7 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
     let shown = crate::secret::redact_url(&broker.url);
     let (count, mut connections) = watch::channel(0u64);
     let (seen_error, last_error) = watch::channel(None::<String>);
+    let (denied, denials) = watch::channel(0u64);
     let mut error_seen = last_error.clone();
     let options = with_credentials(async_nats::ConnectOptions::new(), broker)
         .await?
@@ -34,6 +35,7 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
         .event_callback(move |event| {
             let count = count.clone();
             let seen_error = seen_error.clone();
+            let denied = denied.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -49,6 +51,9 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
                     }
                     async_nats::Event::ServerError(e) => {
                         tracing::warn!(error = %e, "NATS server error");
+                        if is_permissions_violation(&e) {
+                            denied.send_modify(|n| *n += 1);
+                        }
                         seen_error.send_replace(Some(worded(&e)));
                     }
                     other => tracing::debug!(event = %other, "NATS client event"),
@@ -112,7 +117,17 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Broker> {
     Ok(Broker {
         js: jetstream::new(client),
         connections,
+        denials,
     })
+}
+
+/// Whether the server's error is a permissions violation: nats-server
+/// drops a message whose subject the connection may not publish (or
+/// subscribe) and sends `-ERR 'Permissions Violation for Publish to
+/// "<subject>"'` (nats-server `server/client.go`, `pubPermissionViolation`).
+fn is_permissions_violation(e: &async_nats::ServerError) -> bool {
+    matches!(e, async_nats::ServerError::Other(text)
+        if text.to_ascii_lowercase().contains("permissions violation"))
 }
 
 /// An error event's text without async-nats' `nats: ` prefix (which some
@@ -278,5 +293,22 @@ mod tests {
             first_connect_failure(&b, "X", None),
             "cannot reach NATS at X within 10s (no answer); check [broker] url and that nats-server runs with -js"
         );
+    }
+
+    #[test]
+    fn only_a_permissions_violation_ends_an_election_wait() {
+        let said = |text: &str| async_nats::ServerError::Other(text.to_owned());
+        assert!(is_permissions_violation(&said(
+            "Permissions Violation for Publish to \"$JS.API.STREAM.CREATE.KV_idem-deployments\""
+        )));
+        assert!(is_permissions_violation(&said(
+            "permissions violation for subscription to \"_INBOX.x\""
+        )));
+        assert!(!is_permissions_violation(&said(
+            "maximum payload violation"
+        )));
+        assert!(!is_permissions_violation(
+            &async_nats::ServerError::AuthorizationViolation
+        ));
     }
 }

@@ -60,14 +60,17 @@ pub const SILENCE_NOT_READY: Duration = Duration::from_secs(6);
 /// the delivery's concurrency slot for the JetStream context's 5 s.
 pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
 
-/// A connection to the broker: the JetStream context, and a counter of
+/// A connection to the broker: the JetStream context, a counter of
 /// (re)connections that [`Deliveries`] watches to start a fresh pull after a
-/// reconnect instead of waiting for missed heartbeats.
+/// reconnect instead of waiting for missed heartbeats, and a counter of the
+/// permissions violations the server reported on it
+/// ([`Broker::through_elections`] stops waiting at one).
 #[derive(Clone)]
 pub struct Broker {
     /// The JetStream context every stream, consumer and clock read goes through.
     pub js: jetstream::Context,
     connections: watch::Receiver<u64>,
+    denials: watch::Receiver<u64>,
 }
 
 /// Makes sure the handler's stream exists and captures the handler's

@@ -5,9 +5,12 @@
 //! the meta leader is being elected: the stream and its consumer still
 //! exist, and the request works again once a leader is there. Only an
 //! answer that says no (a JetStream error other than those) means the
-//! durable consumer cannot be had.
+//! durable consumer cannot be had. [`Broker::through_elections`] asks such
+//! a request again until it is answered or a grace has passed.
 
+use super::Broker;
 use async_nats::jetstream::{self, context, stream};
+use std::time::{Duration, Instant};
 
 /// JetStream error codes that mean "not now", not "no" (nats-server
 /// `server/errors.json`): 10008 cluster not available (no quorum, a
@@ -26,51 +29,139 @@ fn not_now(e: &jetstream::Error) -> bool {
 /// answer (timed out, no responders, offline, unreadable answer) or
 /// answered "not now" (`NOT_NOW`).
 pub fn unanswered(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        if let Some(e) = c.downcast_ref::<context::GetStreamError>() {
-            return match e.kind() {
-                context::GetStreamErrorKind::Request => true,
-                context::GetStreamErrorKind::JetStream(j) => not_now(&j),
-                _ => false,
+    e.chain().any(answer_missing)
+}
+
+/// [`unanswered`] for a client error that is not (yet) an
+/// [`anyhow::Error`]: `e` or any of its sources.
+pub fn unanswered_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(answer_missing)
+}
+
+/// Whether this one error (not its sources: the callers walk the chain)
+/// is a request JetStream did not answer, or answered "not now".
+fn answer_missing(c: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(e) = c.downcast_ref::<jetstream::Error>() {
+        return not_now(e);
+    }
+    if let Some(e) = c.downcast_ref::<context::RequestError>() {
+        return matches!(
+            e.kind(),
+            context::RequestErrorKind::TimedOut | context::RequestErrorKind::NoResponders
+        );
+    }
+    if let Some(e) = c.downcast_ref::<context::AccountError>() {
+        return match e.kind() {
+            context::AccountErrorKind::TimedOut
+            | context::AccountErrorKind::JetStreamUnavailable => true,
+            context::AccountErrorKind::JetStream(j) => not_now(&j),
+            context::AccountErrorKind::Other => false,
+        };
+    }
+    if let Some(e) = c.downcast_ref::<context::CreateKeyValueError>() {
+        // Its other kinds carry the account or stream request's error as
+        // their source, which the chain walk reaches next.
+        return e.kind() == context::CreateKeyValueErrorKind::TimedOut;
+    }
+    if let Some(e) = c.downcast_ref::<context::GetStreamError>() {
+        return match e.kind() {
+            context::GetStreamErrorKind::Request => true,
+            context::GetStreamErrorKind::JetStream(j) => not_now(&j),
+            _ => false,
+        };
+    }
+    if let Some(e) = c.downcast_ref::<context::CreateStreamError>() {
+        return match e.kind() {
+            context::CreateStreamErrorKind::TimedOut
+            | context::CreateStreamErrorKind::Response
+            | context::CreateStreamErrorKind::ResponseParse
+            | context::CreateStreamErrorKind::JetStreamUnavailable => true,
+            context::CreateStreamErrorKind::JetStream(j) => not_now(&j),
+            _ => false,
+        };
+    }
+    if let Some(e) = c.downcast_ref::<context::ConsumerInfoError>() {
+        return match e.kind() {
+            context::ConsumerInfoErrorKind::Request
+            | context::ConsumerInfoErrorKind::TimedOut
+            | context::ConsumerInfoErrorKind::NoResponders
+            | context::ConsumerInfoErrorKind::Offline => true,
+            context::ConsumerInfoErrorKind::JetStream(j) => not_now(&j),
+            _ => false,
+        };
+    }
+    if let Some(e) = c.downcast_ref::<stream::ConsumerError>() {
+        return match e.kind() {
+            stream::ConsumerErrorKind::TimedOut | stream::ConsumerErrorKind::Request => true,
+            stream::ConsumerErrorKind::JetStream(j) => not_now(&j),
+            _ => false,
+        };
+    }
+    if let Some(e) = c.downcast_ref::<stream::ConsumerUpdateError>() {
+        return match e.kind() {
+            stream::ConsumerUpdateErrorKind::TimedOut
+            | stream::ConsumerUpdateErrorKind::Request => true,
+            stream::ConsumerUpdateErrorKind::JetStream(j) => not_now(&j),
+            _ => false,
+        };
+    }
+    false
+}
+
+/// How long a request that JetStream does not answer is asked again
+/// ([`Broker::through_elections`]) before the caller gets its error: a
+/// cluster elects a stream or meta leader within seconds, and a server
+/// restarts within this.
+pub const ELECTION_GRACE: Duration = Duration::from_secs(60);
+
+impl Broker {
+    /// `op`, asked again with doubling waits (0.2 s up to 2 s) while its
+    /// error says JetStream did not answer (`is_unanswered`, usually
+    /// [`unanswered`] or [`unanswered_error`]), for up to
+    /// [`ELECTION_GRACE`]. The first such error is logged once, naming
+    /// `what`.
+    ///
+    /// A request the server drops because this connection may not publish
+    /// its subject also goes unanswered (it times out); so a permissions
+    /// violation reported on this connection while `op` runs ends the
+    /// waiting at once, with `op`'s error (the violation itself is logged
+    /// by the connection, [`super::connect`]).
+    ///
+    /// # Errors
+    /// `op`'s error: an answer that says no, at once; no answer past the
+    /// grace; or no answer after a permissions violation.
+    pub async fn through_elections<T, E, Fut>(
+        &self,
+        what: &str,
+        is_unanswered: impl Fn(&E) -> bool,
+        mut op: impl FnMut() -> Fut,
+    ) -> Result<T, E>
+    where
+        E: std::fmt::Display,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let since = Instant::now();
+        let mut denials = self.denials.clone();
+        denials.mark_unchanged();
+        let mut waits =
+            crate::backoff::doubling(Duration::from_millis(200), Duration::from_secs(2));
+        let mut said = false;
+        loop {
+            let e = match op().await {
+                Ok(done) => return Ok(done),
+                Err(e) => e,
             };
+            let denied = denials.has_changed().unwrap_or(false);
+            if !is_unanswered(&e) || denied || since.elapsed() >= ELECTION_GRACE {
+                return Err(e);
+            }
+            if !said {
+                said = true;
+                tracing::warn!(error = %format!("{e:#}"), "JetStream does not answer about {what} (a leader election, or a server away); asking again for up to {}s", ELECTION_GRACE.as_secs());
+            }
+            tokio::time::sleep(waits.next().unwrap_or(Duration::from_secs(2))).await;
         }
-        if let Some(e) = c.downcast_ref::<context::CreateStreamError>() {
-            return match e.kind() {
-                context::CreateStreamErrorKind::TimedOut
-                | context::CreateStreamErrorKind::Response
-                | context::CreateStreamErrorKind::ResponseParse
-                | context::CreateStreamErrorKind::JetStreamUnavailable => true,
-                context::CreateStreamErrorKind::JetStream(j) => not_now(&j),
-                _ => false,
-            };
-        }
-        if let Some(e) = c.downcast_ref::<context::ConsumerInfoError>() {
-            return match e.kind() {
-                context::ConsumerInfoErrorKind::Request
-                | context::ConsumerInfoErrorKind::TimedOut
-                | context::ConsumerInfoErrorKind::NoResponders
-                | context::ConsumerInfoErrorKind::Offline => true,
-                context::ConsumerInfoErrorKind::JetStream(j) => not_now(&j),
-                _ => false,
-            };
-        }
-        if let Some(e) = c.downcast_ref::<stream::ConsumerError>() {
-            return match e.kind() {
-                stream::ConsumerErrorKind::TimedOut | stream::ConsumerErrorKind::Request => true,
-                stream::ConsumerErrorKind::JetStream(j) => not_now(&j),
-                _ => false,
-            };
-        }
-        if let Some(e) = c.downcast_ref::<stream::ConsumerUpdateError>() {
-            return match e.kind() {
-                stream::ConsumerUpdateErrorKind::TimedOut
-                | stream::ConsumerUpdateErrorKind::Request => true,
-                stream::ConsumerUpdateErrorKind::JetStream(j) => not_now(&j),
-                _ => false,
-            };
-        }
-        false
-    })
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +197,39 @@ mod tests {
         ));
         assert!(!unanswered(&refused));
         assert!(!unanswered(&anyhow::anyhow!("subjects are not captured")));
+    }
+
+    #[test]
+    fn a_bucket_that_cannot_be_had_now_is_no_answer_through_its_sources() {
+        let timed_out =
+            context::CreateKeyValueError::new(context::CreateKeyValueErrorKind::TimedOut);
+        assert!(unanswered_error(&timed_out));
+        // The stream request under the bucket, answered "not now" (10008)
+        // or "no" (10065, subjects overlap).
+        let electing = context::CreateKeyValueError::with_source(
+            context::CreateKeyValueErrorKind::BucketCreate,
+            context::CreateStreamError::new(context::CreateStreamErrorKind::JetStream(js_error(
+                503, 10008,
+            ))),
+        );
+        assert!(unanswered_error(&electing));
+        let refused = context::CreateKeyValueError::with_source(
+            context::CreateKeyValueErrorKind::BucketCreate,
+            context::CreateStreamError::new(context::CreateStreamErrorKind::JetStream(js_error(
+                400, 10065,
+            ))),
+        );
+        assert!(!unanswered_error(&refused));
+        let no_account = context::CreateKeyValueError::with_source(
+            context::CreateKeyValueErrorKind::JetStream,
+            context::AccountError::new(context::AccountErrorKind::TimedOut),
+        );
+        assert!(unanswered_error(&no_account));
+        let info = context::RequestError::new(context::RequestErrorKind::TimedOut);
+        assert!(unanswered(
+            &anyhow::Error::new(info).context("cannot read stream `S`")
+        ));
+        let bad_subject = context::RequestError::new(context::RequestErrorKind::InvalidSubject);
+        assert!(!unanswered_error(&bad_subject));
     }
 }

@@ -187,7 +187,7 @@ pub async fn use_deployed_via_broker(
     let store = async {
         let nats = crate::broker::connect(&config.broker).await?;
         anyhow::Ok(
-            DeployStore::open(&nats.js, &config.deploy)
+            DeployStore::open(&nats, &config.deploy)
                 .await?
                 .with_marks(db.clone()),
         )

@@ -9,10 +9,12 @@
 
 use super::record::{Deployment, is_digest};
 use super::trust::{Chain, Mark, Refused, Trust};
+use crate::broker::Broker;
+use crate::broker::unanswered::unanswered_error;
 use crate::config::DeployConfig;
 use crate::store::Database;
 use anyhow::Context as _;
-use async_nats::jetstream::{self, kv, object_store};
+use async_nats::jetstream::{context, kv, object_store};
 use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -38,7 +40,7 @@ pub struct DeployStore {
     /// may not create buckets starts without it, and an installation
     /// that never shadow-deploys never makes it.
     shadows: Arc<tokio::sync::OnceCell<kv::Store>>,
-    js: jetstream::Context,
+    broker: Broker,
     names: DeployConfig,
     trust: Arc<Trust>,
     /// Whether the deployments bucket keeps what a chain check needs: its
@@ -113,14 +115,17 @@ pub enum RecordError {
 }
 
 impl DeployStore {
-    /// Opens the buckets `names` lists, creating the missing ones.
+    /// Opens the buckets `names` lists, creating the missing ones; a request
+    /// JetStream does not answer (a cluster electing a leader) is asked
+    /// again ([`Broker::through_elections`]).
     ///
     /// # Errors
     /// One line naming the bucket the broker would not open or create (no
-    /// JetStream, no permission, an invalid name).
-    pub async fn open(js: &jetstream::Context, names: &DeployConfig) -> anyhow::Result<Self> {
+    /// JetStream, no permission, an invalid name), or that went unanswered
+    /// for [`crate::broker::unanswered::ELECTION_GRACE`].
+    pub async fn open(broker: &Broker, names: &DeployConfig) -> anyhow::Result<Self> {
         let deployments = open_kv(
-            js,
+            broker,
             kv::Config {
                 bucket: names.deployments_bucket.clone(),
                 description: "idem: deployed handler versions (key = handler)".into(),
@@ -130,7 +135,7 @@ impl DeployStore {
         )
         .await?;
         let hosts = open_kv(
-            js,
+            broker,
             kv::Config {
                 bucket: names.hosts_bucket.clone(),
                 description: "idem: what each running host runs (expires)".into(),
@@ -140,26 +145,7 @@ impl DeployStore {
             },
         )
         .await?;
-        let modules = match js.get_object_store(&names.modules_bucket).await {
-            Ok(store) => store,
-            Err(_) => match js
-                .create_object_store(object_store::Config {
-                    bucket: names.modules_bucket.clone(),
-                    description: Some("idem: handler components by sha256".into()),
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(store) => store,
-                // Another host may have created it meanwhile.
-                Err(e) => js.get_object_store(&names.modules_bucket).await.map_err(|_| {
-                    anyhow::anyhow!(
-                        "cannot open or create object store bucket {}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false",
-                        names.modules_bucket
-                    )
-                })?,
-            },
-        };
+        let modules = open_object_store(broker, &names.modules_bucket).await?;
         let trust = Trust::new(&names.trusted_keys)
             .map_err(|e| anyhow::anyhow!("[deploy] trusted_keys: {e}"))?;
         // A bucket made by someone else may keep less, or let entries expire.
@@ -172,7 +158,7 @@ impl DeployStore {
             modules,
             hosts,
             shadows: Arc::default(),
-            js: js.clone(),
+            broker: broker.clone(),
             names: names.clone(),
             trust: Arc::new(trust),
             history_kept,
@@ -262,7 +248,7 @@ impl DeployStore {
         self.shadows
             .get_or_try_init(|| async {
                 let bucket = &self.names.shadows_bucket;
-                self.js.get_key_value(bucket).await.map_err(|e| {
+                self.broker.js.get_key_value(bucket).await.map_err(|e| {
                     anyhow::anyhow!(
                         "cannot open KV bucket {bucket}: {e}; `idem status` or `idem deploy` (as the deployer) creates it"
                     )
@@ -280,7 +266,7 @@ impl DeployStore {
         self.shadows
             .get_or_try_init(|| {
                 open_kv(
-                    &self.js,
+                    &self.broker,
                     kv::Config {
                         bucket: self.names.shadows_bucket.clone(),
                         description: "idem: shadow deployments (key = handler)".into(),
@@ -558,19 +544,73 @@ fn current(entry: kv::Entry) -> Option<Current> {
     })
 }
 
-/// Opens KV bucket `config.bucket`, creating it when missing.
-async fn open_kv(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
-    if let Ok(store) = js.get_key_value(&config.bucket).await {
-        return Ok(store);
-    }
-    let bucket = config.bucket.clone();
-    match js.create_key_value(config).await {
-        Ok(store) => Ok(store),
-        // Another host may have created it meanwhile.
-        Err(e) => js.get_key_value(&bucket).await.map_err(|_| {
+/// Opens KV bucket `config.bucket`, creating it when missing; asked again
+/// while JetStream does not answer ([`Broker::through_elections`]).
+///
+/// # Errors
+/// One line naming the bucket and what to check: the broker refused, or
+/// did not answer within the grace.
+async fn open_kv(broker: &Broker, config: kv::Config) -> anyhow::Result<kv::Store> {
+    let (js, bucket, config) = (&broker.js, config.bucket.as_str(), &config);
+    broker
+        .through_elections(
+            &format!("KV bucket {bucket}"),
+            |e: &context::CreateKeyValueError| unanswered_error(e),
+            || async move {
+                if let Ok(store) = js.get_key_value(bucket).await {
+                    return Ok(store);
+                }
+                match js.create_key_value(config.clone()).await {
+                    Ok(store) => Ok(store),
+                    // Another host may have created it meanwhile.
+                    Err(e) => js.get_key_value(bucket).await.map_err(|_| e),
+                }
+            },
+        )
+        .await
+        .map_err(|e| {
             anyhow::anyhow!(
                 "cannot open or create KV bucket {bucket}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"
             )
-        }),
-    }
+        })
+}
+
+/// Opens object store bucket `bucket` (the components), creating it when
+/// missing; asked again while JetStream does not answer.
+///
+/// # Errors
+/// As [`open_kv`].
+async fn open_object_store(
+    broker: &Broker,
+    bucket: &str,
+) -> anyhow::Result<object_store::ObjectStore> {
+    let js = &broker.js;
+    broker
+        .through_elections(
+            &format!("object store bucket {bucket}"),
+            |e: &context::CreateObjectStoreError| unanswered_error(e),
+            || async move {
+                if let Ok(store) = js.get_object_store(bucket).await {
+                    return Ok(store);
+                }
+                match js
+                    .create_object_store(object_store::Config {
+                        bucket: bucket.to_owned(),
+                        description: Some("idem: handler components by sha256".into()),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(store) => Ok(store),
+                    // Another host may have created it meanwhile.
+                    Err(e) => js.get_object_store(bucket).await.map_err(|_| e),
+                }
+            },
+        )
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open or create object store bucket {bucket}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"
+            )
+        })
 }

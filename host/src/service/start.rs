@@ -79,7 +79,7 @@ impl Host {
         let deploy = if config.deploy.follow {
             let own = broker::connect(&config.broker).await?;
             Some(
-                crate::deploy::store::DeployStore::open(&own.js, &config.deploy)
+                crate::deploy::store::DeployStore::open(&own, &config.deploy)
                     .await?
                     .with_marks(db.clone()),
             )
@@ -104,7 +104,13 @@ impl Host {
         for (h, module) in config.handlers.iter().zip(modules) {
             let mut consumers = Vec::new();
             for part in h.per_partition() {
-                let ensured = ensure_through_elections(js, &part).await?;
+                let ensured = nats
+                    .through_elections(
+                        &format!("the stream and consumer of handler `{}`", part.name),
+                        broker::unanswered::unanswered,
+                        || broker::ensure_consumer(js, &part, MAX_ACK_PENDING),
+                    )
+                    .await?;
                 if ensured.created && ensured.stored > 0 {
                     warn_if_replaying(&db, &part, ensured.stored).await;
                 }
@@ -116,11 +122,29 @@ impl Host {
                     liveness: Arc::default(),
                 });
             }
-            check_horizon(js, h).await?;
+            nats.through_elections(
+                &format!("the stream of handler `{}`", h.name),
+                broker::unanswered::unanswered,
+                || check_horizon(js, h),
+            )
+            .await?;
             let clock = match clocks.iter().find(|(s, _)| *s == h.stream) {
                 Some((_, c)) => c.clone(),
                 None => {
-                    let (broker_ms, at) = clock::read(js, &h.stream)
+                    let (broker_ms, at) = nats
+                        .through_elections(
+                            &format!("the clock of stream `{}`", h.stream),
+                            |e| {
+                                matches!(
+                                    e,
+                                    clock::ClockError::Unreadable {
+                                        unanswered: true,
+                                        ..
+                                    }
+                                )
+                            },
+                            || clock::read(js, &h.stream),
+                        )
                         .await
                         .with_context(|| format!("handler `{}`", h.name))?;
                     let c = Arc::new(BrokerClock::new(broker_ms, at));
@@ -182,39 +206,4 @@ async fn warn_if_replaying(db: &Database, h: &crate::config::HandlerConfig, stor
         h.stream,
         h.durable_name()
     );
-}
-
-/// How long a starting host keeps asking for its stream and consumer when
-/// JetStream does not answer (a cluster electing a leader, a server away)
-/// before it gives up.
-const START_UNANSWERED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// [`broker::ensure_consumer`], asked again every second while JetStream
-/// does not answer (`broker::unanswered`), for up to
-/// [`START_UNANSWERED_GRACE`]; a refusal fails at once.
-///
-/// # Errors
-/// As [`broker::ensure_consumer`]: refused, or unanswered past the grace.
-async fn ensure_through_elections(
-    js: &async_nats::jetstream::Context,
-    h: &crate::config::HandlerConfig,
-) -> anyhow::Result<broker::EnsuredConsumer> {
-    let since = std::time::Instant::now();
-    let mut said = false;
-    loop {
-        match broker::ensure_consumer(js, h, MAX_ACK_PENDING).await {
-            Ok(ensured) => return Ok(ensured),
-            Err(e)
-                if broker::unanswered::unanswered(&e)
-                    && since.elapsed() < START_UNANSWERED_GRACE =>
-            {
-                if !said {
-                    said = true;
-                    tracing::warn!(handler = %h.name, error = %format!("{e:#}"), "JetStream does not answer about the stream and consumer (a leader election, or a server away); asking again for up to {}s", START_UNANSWERED_GRACE.as_secs());
-                }
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
