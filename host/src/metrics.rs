@@ -95,6 +95,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Deployment records this host refused, by reason (unsigned, untrusted_key, bad_signature, other_handler, replayed, not_a_record, component).",
     ),
     (
+        "idem_sqlite_write_lock_waits_total",
+        "SQLite transactions that found the write lock held by another connection when they began, and waited for it (another process writing the file, or several transactions of this host at once). No handler label.",
+    ),
+    (
         "idem_shadow_messages_total",
         "Sampled messages of a shadow candidate, by result (agreed, diverged: compared with the live version; skipped: not compared).",
     ),
@@ -211,6 +215,20 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         }
     }
     Ok(handle)
+}
+
+/// Counts one `BEGIN IMMEDIATE` on SQLite that found the write lock held
+/// by another connection and waited for it
+/// (`idem_sqlite_write_lock_waits_total`; ARCHITECTURE.md, "SQLite on the
+/// handler's task").
+pub fn sqlite_write_lock_waited() {
+    metrics::counter!("idem_sqlite_write_lock_waits_total").increment(1);
+}
+
+/// Registers `idem_sqlite_write_lock_waits_total` at 0, so a host on SQLite
+/// exports it before its first wait.
+pub fn sqlite_write_lock_waits_exported() {
+    metrics::counter!("idem_sqlite_write_lock_waits_total").increment(0);
 }
 
 /// Counts one deployment record of `handler` this host refused

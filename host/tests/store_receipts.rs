@@ -234,6 +234,9 @@ async fn sqlite_begin_on_an_idle_connection_waits_for_a_lock_held_elsewhere() {
     let consumer = unique("c");
     // One connection, idle in the pool from now on.
     db.begin().await.unwrap().commit().await.unwrap();
+    // Its next BEGIN, uncontended, takes the lock on this task.
+    db.begin().await.unwrap().commit().await.unwrap();
+    assert_eq!(db.sqlite_write_lock_waits(), Some(0));
     let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     let mut holder = sqlx::SqliteConnection::connect(&url).await.unwrap();
     for id in ["evt_1", "evt_2"] {
@@ -262,6 +265,8 @@ async fn sqlite_begin_on_an_idle_connection_waits_for_a_lock_held_elsewhere() {
         assert!(inserted, "{id}");
     }
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 2);
+    // Both BEGINs found the lock held on the idle connection, and waited.
+    assert_eq!(db.sqlite_write_lock_waits(), Some(2));
 }
 
 async fn dead_letters_are_idempotent(db: &Database) {

@@ -24,6 +24,7 @@
 use super::sqlite_raw;
 use rusqlite::{Connection, OpenFlags};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -77,6 +78,9 @@ struct Shared {
     idle: Mutex<Vec<Shareable>>,
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
+    /// BEGINs that found the write lock held and waited for it
+    /// ([`Conns::lock_waits`]).
+    lock_waits: AtomicU64,
 }
 
 /// Up to `max` connections, idle ones kept for the next transaction.
@@ -87,12 +91,23 @@ impl Conns {
     /// A pool of up to `max` connections opened as `spec` says; a
     /// transaction waits `acquire_timeout` at most for a free one.
     pub fn new(spec: OpenSpec, max: u32, acquire_timeout: Duration) -> Self {
+        crate::metrics::sqlite_write_lock_waits_exported();
         Conns(Arc::new(Shared {
             spec,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(max.max(1) as usize)),
             acquire_timeout,
+            lock_waits: AtomicU64::new(0),
         }))
+    }
+
+    /// How many BEGINs on an idle connection to a file found the write
+    /// lock held by another connection (`SQLITE_BUSY` at once) and waited
+    /// for it on the blocking pool, since the pool was made. BEGINs that
+    /// open a connection, and every BEGIN in memory, wait there without
+    /// being asked first, and are not counted.
+    pub fn lock_waits(&self) -> u64 {
+        self.0.lock_waits.load(Ordering::Relaxed)
     }
 
     /// A connection inside a new `BEGIN IMMEDIATE` transaction.
@@ -121,7 +136,11 @@ impl Conns {
             Some(conn) if !shared.spec.in_memory => {
                 let begun = begin_without_waiting(&lock(&conn), shared.spec.busy_timeout);
                 match begun {
-                    Err(e) if is_busy(&e) => begin_waiting(&shared.spec, Some(conn)).await?,
+                    Err(e) if is_busy(&e) => {
+                        shared.lock_waits.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::sqlite_write_lock_waited();
+                        begin_waiting(&shared.spec, Some(conn)).await?
+                    }
                     begun => (conn, begun),
                 }
             }

@@ -86,6 +86,17 @@ impl super::Database {
             _ => None,
         }
     }
+
+    /// How many SQLite transactions found the write lock held by another
+    /// connection when they began, and waited for it (the count of
+    /// `idem_sqlite_write_lock_waits_total` for this database); `None` on
+    /// another database.
+    pub fn sqlite_write_lock_waits(&self) -> Option<u64> {
+        match &self.0 {
+            Backend::Sqlite(p) => Some(p.1.lock_waits()),
+            _ => None,
+        }
+    }
 }
 
 impl super::Tx {
