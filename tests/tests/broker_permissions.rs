@@ -74,9 +74,13 @@ fn idem(args: &[&str], cfg: &Path) -> (i32, String, String) {
 }
 
 /// `idem <args>` as the deployer, which must succeed without the server
-/// refusing it anything (idem logs each error the server sends): its stdout.
+/// refusing it anything (idem logs each error the server sends, at warn):
+/// its stdout.
 fn as_deployer(args: &[&str], cfg: &Path) -> String {
-    let (code, out, err) = idem(args, cfg);
+    let mut all = args.to_vec();
+    all.extend(["--config", cfg.to_str().unwrap()]);
+    let keys = DeployKeys::of(cfg.parent().unwrap());
+    let (code, out, err) = idem_cli(&all, &[keys.env()[0], ("RUST_LOG", "warn")]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("Permissions Violation"), "{err}");
     out
@@ -245,10 +249,13 @@ async fn each_role_does_its_job_and_nothing_else() {
         &[keys.env()[0], ("RUST_LOG", "warn")],
     );
     assert_eq!(code, 1);
-    let last = err.lines().last().unwrap_or_default();
+    let said = err
+        .lines()
+        .find(|l| l.starts_with("idem: "))
+        .unwrap_or_default();
     assert!(
-        last.starts_with("idem: cannot open or create KV bucket idem-deployments: ")
-            && last.ends_with("; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"),
+        said.starts_with("idem: cannot open or create KV bucket idem-deployments: ")
+            && said.ends_with("; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"),
         "{err}"
     );
     assert!(err.contains("Permissions Violation"), "{err}");

@@ -14,15 +14,39 @@ use std::time::{Duration, Instant};
 
 /// JetStream error codes that mean "not now", not "no" (nats-server
 /// `server/errors.json`): 10008 cluster not available (no quorum, a
-/// leader being elected), 10009 not the leader, 10004 cluster incomplete.
-const NOT_NOW: [jetstream::ErrorCode; 3] = [
+/// leader being elected), 10009 not the leader, 10004 cluster incomplete,
+/// 10005 no suitable peers (a restarted peer not yet current: a replicated
+/// stream cannot be placed until it is).
+const NOT_NOW: [jetstream::ErrorCode; 4] = [
     jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE,
     jetstream::ErrorCode::CLUSTER_NOT_LEADER,
     jetstream::ErrorCode::CLUSTER_INCOMPLETE,
+    jetstream::ErrorCode::CLUSTER_NO_PEERS,
+];
+
+/// Codes answered with status 503 that are "no" all the same: JetStream
+/// is not enabled on the server (10076) or for the account (10039).
+const NOT_ENABLED: [jetstream::ErrorCode; 2] = [
+    jetstream::ErrorCode::JETSTREAM_NOT_ENABLED,
+    jetstream::ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
 ];
 
 fn not_now(e: &jetstream::Error) -> bool {
-    NOT_NOW.contains(&e.error_code()) || e.code() == 503
+    NOT_NOW.contains(&e.error_code()) || (e.code() == 503 && !NOT_ENABLED.contains(&e.error_code()))
+}
+
+/// Whether `e`'s chain says the stream asked for does not exist (10059):
+/// an answer, so a bucket (a stream underneath) may be created.
+pub fn stream_not_found(e: &anyhow::Error) -> bool {
+    let missing = |j: &jetstream::Error| j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND;
+    e.chain().any(|c| {
+        if let Some(j) = c.downcast_ref::<jetstream::Error>() {
+            return missing(j);
+        }
+        c.downcast_ref::<context::GetStreamError>().is_some_and(
+            |g| matches!(g.kind(), context::GetStreamErrorKind::JetStream(j) if missing(&j)),
+        )
+    })
 }
 
 /// Whether any error in `e`'s chain is an API request JetStream did not
@@ -49,6 +73,27 @@ fn answer_missing(c: &(dyn std::error::Error + 'static)) -> bool {
             e.kind(),
             context::RequestErrorKind::TimedOut | context::RequestErrorKind::NoResponders
         );
+    }
+    if let Some(e) = c.downcast_ref::<async_nats::RequestError>() {
+        return matches!(
+            e.kind(),
+            async_nats::RequestErrorKind::TimedOut | async_nats::RequestErrorKind::NoResponders
+        );
+    }
+    if let Some(e) = c.downcast_ref::<async_nats::jetstream::kv::EntryError>() {
+        return e.kind() == async_nats::jetstream::kv::EntryErrorKind::TimedOut;
+    }
+    if let Some(e) = c.downcast_ref::<stream::DirectGetError>() {
+        return match e.kind() {
+            stream::DirectGetErrorKind::TimedOut | stream::DirectGetErrorKind::Request => true,
+            stream::DirectGetErrorKind::ErrorResponse(status, _) => {
+                matches!(
+                    status,
+                    async_nats::StatusCode::NO_RESPONDERS | async_nats::StatusCode::TIMEOUT
+                )
+            }
+            _ => false,
+        };
     }
     if let Some(e) = c.downcast_ref::<context::AccountError>() {
         return match e.kind() {
@@ -125,7 +170,10 @@ impl Broker {
     /// its subject also goes unanswered (it times out); so a permissions
     /// violation reported on this connection while `op` runs ends the
     /// waiting at once, with `op`'s error (the violation itself is logged
-    /// by the connection, [`super::connect`]).
+    /// by the connection, [`super::connect`]). The violation may be of any
+    /// request on the connection: a host makes its start-up requests one
+    /// at a time, on connections nothing else uses yet. A server that says
+    /// it runs no JetStream (its `INFO`) ends the waiting too.
     ///
     /// # Errors
     /// `op`'s error: an answer that says no, at once; no answer past the
@@ -140,6 +188,9 @@ impl Broker {
         E: std::fmt::Display,
         Fut: std::future::Future<Output = Result<T, E>>,
     {
+        // A server without JetStream has nothing to elect: its "no
+        // responders" is final.
+        let enabled = self.js.client().server_info().jetstream;
         let since = Instant::now();
         let mut denials = self.denials.clone();
         denials.mark_unchanged();
@@ -152,12 +203,12 @@ impl Broker {
                 Err(e) => e,
             };
             let denied = denials.has_changed().unwrap_or(false);
-            if !is_unanswered(&e) || denied || since.elapsed() >= ELECTION_GRACE {
+            if !is_unanswered(&e) || denied || !enabled || since.elapsed() >= ELECTION_GRACE {
                 return Err(e);
             }
             if !said {
                 said = true;
-                tracing::warn!(error = %format!("{e:#}"), "JetStream does not answer about {what} (a leader election, or a server away); asking again for up to {}s", ELECTION_GRACE.as_secs());
+                tracing::warn!(error = %format!("{e:#}"), "JetStream does not answer about {what} (a leader election, or a server away); asking again for up to {}s, then giving up with the last error", ELECTION_GRACE.as_secs());
             }
             tokio::time::sleep(waits.next().unwrap_or(Duration::from_secs(2))).await;
         }
@@ -231,5 +282,28 @@ mod tests {
         ));
         let bad_subject = context::RequestError::new(context::RequestErrorKind::InvalidSubject);
         assert!(!unanswered_error(&bad_subject));
+    }
+
+    #[test]
+    fn jetstream_not_enabled_is_a_refusal_and_no_peers_is_not_now() {
+        let answered = |code, err_code| {
+            anyhow::Error::new(stream::ConsumerError::new(
+                stream::ConsumerErrorKind::JetStream(js_error(code, err_code)),
+            ))
+        };
+        // 10039 and 10076 come with status 503 and still say no.
+        assert!(!unanswered(&answered(503, 10039)));
+        assert!(!unanswered(&answered(503, 10076)));
+        assert!(unanswered(&answered(503, 10023)));
+        assert!(unanswered(&answered(400, 10005)));
+        let missing = anyhow::Error::new(context::GetStreamError::new(
+            context::GetStreamErrorKind::JetStream(js_error(404, 10059)),
+        ));
+        assert!(stream_not_found(&missing));
+        assert!(!stream_not_found(&answered(503, 10008)));
+        let entry = async_nats::jetstream::kv::EntryError::new(
+            async_nats::jetstream::kv::EntryErrorKind::TimedOut,
+        );
+        assert!(unanswered_error(&entry));
     }
 }

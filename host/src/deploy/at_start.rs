@@ -51,7 +51,7 @@ pub async fn use_deployed(
         tracing::warn!(handler = %cfg.name, module = %cfg.module.display(), "{WATCHED_NOT_FOLLOWED}");
         return Ok(());
     }
-    let current = match store.current(&cfg.name).await {
+    let current = match store.current_through_elections(&cfg.name).await {
         Ok(current) => current,
         Err(e) => {
             tracing::warn!(handler = %cfg.name, error = %format!("{e:#}"), "cannot read the deployments bucket; running the config's module until it can be read");

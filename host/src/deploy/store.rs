@@ -10,11 +10,11 @@
 use super::record::{Deployment, is_digest};
 use super::trust::{Chain, Mark, Refused, Trust};
 use crate::broker::Broker;
-use crate::broker::unanswered::unanswered_error;
+use crate::broker::unanswered::{stream_not_found, unanswered};
 use crate::config::DeployConfig;
 use crate::store::Database;
 use anyhow::Context as _;
-use async_nats::jetstream::{context, kv, object_store};
+use async_nats::jetstream::{kv, object_store};
 use futures::TryStreamExt as _;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -293,6 +293,25 @@ impl DeployStore {
         Ok(entry.and_then(current))
     }
 
+    /// [`DeployStore::current`], asked again while JetStream does not
+    /// answer ([`Broker::through_elections`]): what a starting host reads
+    /// before it decides which version to run.
+    ///
+    /// # Errors
+    /// The broker refused, or did not answer within the grace.
+    pub async fn current_through_elections(
+        &self,
+        handler: &str,
+    ) -> anyhow::Result<Option<Current>> {
+        self.broker
+            .through_elections(
+                &format!("the deployments bucket's record of handler `{handler}`"),
+                unanswered,
+                || self.current(handler),
+            )
+            .await
+    }
+
     /// The revision of `handler`'s last entry of any operation (what a new
     /// record replaces); 0 when it has none.
     ///
@@ -544,8 +563,11 @@ fn current(entry: kv::Entry) -> Option<Current> {
     })
 }
 
-/// Opens KV bucket `config.bucket`, creating it when missing; asked again
-/// while JetStream does not answer ([`Broker::through_elections`]).
+/// Opens KV bucket `config.bucket`, creating it when the broker says it
+/// does not exist; asked again while JetStream does not answer
+/// ([`Broker::through_elections`]). A get that goes unanswered is never
+/// followed by a create: a host may not create buckets, and the bucket may
+/// exist with settings of its own.
 ///
 /// # Errors
 /// One line naming the bucket and what to check: the broker refused, or
@@ -553,20 +575,23 @@ fn current(entry: kv::Entry) -> Option<Current> {
 async fn open_kv(broker: &Broker, config: kv::Config) -> anyhow::Result<kv::Store> {
     let (js, bucket, config) = (&broker.js, config.bucket.as_str(), &config);
     broker
-        .through_elections(
-            &format!("KV bucket {bucket}"),
-            |e: &context::CreateKeyValueError| unanswered_error(e),
-            || async move {
-                if let Ok(store) = js.get_key_value(bucket).await {
-                    return Ok(store);
-                }
-                match js.create_key_value(config.clone()).await {
-                    Ok(store) => Ok(store),
-                    // Another host may have created it meanwhile.
-                    Err(e) => js.get_key_value(bucket).await.map_err(|_| e),
-                }
-            },
-        )
+        .through_elections(&format!("KV bucket {bucket}"), unanswered, || async move {
+            let missing = match js.get_key_value(bucket).await {
+                Ok(store) => return Ok(store),
+                Err(e) => anyhow::Error::new(e),
+            };
+            if !stream_not_found(&missing) {
+                return Err(missing);
+            }
+            match js.create_key_value(config.clone()).await {
+                Ok(store) => Ok(store),
+                // Another host may have created it meanwhile.
+                Err(e) => js
+                    .get_key_value(bucket)
+                    .await
+                    .map_err(|_| anyhow::Error::new(e)),
+            }
+        })
         .await
         .map_err(|e| {
             anyhow::anyhow!(
@@ -575,8 +600,8 @@ async fn open_kv(broker: &Broker, config: kv::Config) -> anyhow::Result<kv::Stor
         })
 }
 
-/// Opens object store bucket `bucket` (the components), creating it when
-/// missing; asked again while JetStream does not answer.
+/// Opens object store bucket `bucket` (the components) as [`open_kv`]
+/// opens a KV bucket.
 ///
 /// # Errors
 /// As [`open_kv`].
@@ -588,22 +613,27 @@ async fn open_object_store(
     broker
         .through_elections(
             &format!("object store bucket {bucket}"),
-            |e: &context::CreateObjectStoreError| unanswered_error(e),
+            unanswered,
             || async move {
-                if let Ok(store) = js.get_object_store(bucket).await {
-                    return Ok(store);
+                let missing = match js.get_object_store(bucket).await {
+                    Ok(store) => return Ok(store),
+                    Err(e) => anyhow::Error::new(e),
+                };
+                if !stream_not_found(&missing) {
+                    return Err(missing);
                 }
-                match js
-                    .create_object_store(object_store::Config {
-                        bucket: bucket.to_owned(),
-                        description: Some("idem: handler components by sha256".into()),
-                        ..Default::default()
-                    })
-                    .await
-                {
+                let config = object_store::Config {
+                    bucket: bucket.to_owned(),
+                    description: Some("idem: handler components by sha256".into()),
+                    ..Default::default()
+                };
+                match js.create_object_store(config).await {
                     Ok(store) => Ok(store),
                     // Another host may have created it meanwhile.
-                    Err(e) => js.get_object_store(bucket).await.map_err(|_| e),
+                    Err(e) => js
+                        .get_object_store(bucket)
+                        .await
+                        .map_err(|_| anyhow::Error::new(e)),
                 }
             },
         )

@@ -89,8 +89,9 @@ pub fn check(handler: &str, publish: &[String], streams: &[StreamWindow]) -> Win
 /// publish; says the unstored grants as warnings.
 ///
 /// # Errors
-/// The streams cannot be listed, or a stream's window is too short (one
-/// line per problem).
+/// The streams cannot be listed (the client's error in the chain, for
+/// [`crate::broker::unanswered::unanswered`]), or a stream's window is too
+/// short (one line per problem).
 pub async fn check_streams(
     js: &jetstream::Context,
     handlers: &[HandlerConfig],
@@ -100,10 +101,7 @@ pub async fn check_streams(
         .map(|h| (h.name.clone(), h.publish.clone()))
         .collect();
     let mut problems = Vec::new();
-    for (handler, found) in findings(js, &publishers)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-    {
+    for (handler, found) in findings(js, &publishers).await? {
         for grant in &found.unstored {
             tracing::warn!(handler = %handler, subject = %grant, "no stream stores this granted subject: its outbox publishes wait and are tried again until one does (add it to a stream's subjects)");
         }
@@ -124,7 +122,7 @@ pub async fn check_streams(
 pub async fn findings(
     js: &jetstream::Context,
     publishers: &[(String, Vec<String>)],
-) -> Result<Vec<(String, WindowFindings)>, String> {
+) -> anyhow::Result<Vec<(String, WindowFindings)>> {
     if publishers.iter().all(|(_, p)| p.is_empty()) {
         return Ok(Vec::new());
     }
@@ -139,7 +137,8 @@ pub async fn findings(
         .try_collect()
         .await
         .map_err(|e| {
-            format!("cannot list the broker's streams to check the outbox's targets: {e}")
+            anyhow::Error::new(e)
+                .context("cannot list the broker's streams to check the outbox's targets")
         })?;
     Ok(publishers
         .iter()

@@ -170,7 +170,12 @@ impl Host {
         }
         // After every handler's stream exists: a handler may publish to
         // another's.
-        crate::outbox::window::check_streams(js, &config.handlers).await?;
+        nats.through_elections(
+            "the streams the outbox publishes to",
+            broker::unanswered::unanswered,
+            || crate::outbox::window::check_streams(js, &config.handlers),
+        )
+        .await?;
         Ok(Self {
             handlers,
             db,
