@@ -15,6 +15,7 @@
 //! report by a trusted host key ([`heartbeat`]).
 
 pub mod at_start;
+mod buckets;
 pub mod follow;
 pub mod heartbeat;
 pub mod keys;

@@ -7,10 +7,11 @@
 //! of the deployments bucket are believed is [`super::trust`]'s decision,
 //! on the history read here.
 
+use super::buckets::{open_kv, open_object_store};
 use super::record::{Deployment, is_digest};
 use super::trust::{Chain, Mark, Refused, Trust};
 use crate::broker::Broker;
-use crate::broker::unanswered::{stream_not_found, unanswered};
+use crate::broker::unanswered::unanswered;
 use crate::config::DeployConfig;
 use crate::store::Database;
 use anyhow::Context as _;
@@ -561,86 +562,4 @@ fn current(entry: kv::Entry) -> Option<Current> {
         revision: entry.revision,
         deployment: Deployment::parse(&entry.value),
     })
-}
-
-/// Opens KV bucket `config.bucket`, creating it when the broker says it
-/// does not exist; asked again while JetStream does not answer
-/// ([`Broker::through_elections`]). A get that goes unanswered is never
-/// followed by a create: a host may not create buckets, and the bucket may
-/// exist with settings of its own.
-///
-/// # Errors
-/// One line naming the bucket and what to check: the broker refused, or
-/// did not answer within the grace.
-async fn open_kv(broker: &Broker, config: kv::Config) -> anyhow::Result<kv::Store> {
-    let (js, bucket, config) = (&broker.js, config.bucket.as_str(), &config);
-    broker
-        .through_elections(&format!("KV bucket {bucket}"), unanswered, || async move {
-            let missing = match js.get_key_value(bucket).await {
-                Ok(store) => return Ok(store),
-                Err(e) => anyhow::Error::new(e),
-            };
-            if !stream_not_found(&missing) {
-                return Err(missing);
-            }
-            match js.create_key_value(config.clone()).await {
-                Ok(store) => Ok(store),
-                // Another host may have created it meanwhile.
-                Err(e) => js
-                    .get_key_value(bucket)
-                    .await
-                    .map_err(|_| anyhow::Error::new(e)),
-            }
-        })
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot open or create KV bucket {bucket}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"
-            )
-        })
-}
-
-/// Opens object store bucket `bucket` (the components) as [`open_kv`]
-/// opens a KV bucket.
-///
-/// # Errors
-/// As [`open_kv`].
-async fn open_object_store(
-    broker: &Broker,
-    bucket: &str,
-) -> anyhow::Result<object_store::ObjectStore> {
-    let js = &broker.js;
-    broker
-        .through_elections(
-            &format!("object store bucket {bucket}"),
-            unanswered,
-            || async move {
-                let missing = match js.get_object_store(bucket).await {
-                    Ok(store) => return Ok(store),
-                    Err(e) => anyhow::Error::new(e),
-                };
-                if !stream_not_found(&missing) {
-                    return Err(missing);
-                }
-                let config = object_store::Config {
-                    bucket: bucket.to_owned(),
-                    description: Some("idem: handler components by sha256".into()),
-                    ..Default::default()
-                };
-                match js.create_object_store(config).await {
-                    Ok(store) => Ok(store),
-                    // Another host may have created it meanwhile.
-                    Err(e) => js
-                        .get_object_store(bucket)
-                        .await
-                        .map_err(|_| anyhow::Error::new(e)),
-                }
-            },
-        )
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot open or create object store bucket {bucket}: {e}; check that the broker runs JetStream and allows idem to create buckets, or set [deploy] follow = false"
-            )
-        })
 }
