@@ -552,31 +552,27 @@ async fn a_host_started_without_quorum_waits_for_it() {
     cluster.kill(1);
     cluster.kill(2);
     let mut host = HostProcess::spawn(host_bin(), &cfg, "", dir.path(), "h1");
-    let log = |host: &HostProcess| std::fs::read_to_string(&host.log).unwrap_or_default();
     // Driven by the host: the nodes come back once it has said it waits
     // for the first bucket (the first JetStream request it makes).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !log(&host).contains("JetStream does not answer about KV bucket idem-deployments") {
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "the host did not wait for JetStream; its log:\n{}",
-            log(&host)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_logged(
+        &mut host,
+        "JetStream does not answer about KV bucket idem-deployments",
+        Duration::from_secs(60),
+        "the host did not wait for JetStream",
+    )
+    .await;
     cluster.start_again(1);
     cluster.start_again(2);
 
     let js = cluster.jetstream().await;
+    until_logged(
+        &mut host,
+        "every handler is consuming",
+        Duration::from_secs(120),
+        "the host did not start once the cluster was back",
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !log(&host).contains("every handler is consuming") {
-        assert!(
-            host.exited().is_none() && Instant::now() < deadline,
-            "the host did not start once the cluster was back; its log:\n{}",
-            log(&host)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let workload = Workload::credit(7, 300, 20, 10, 0);
     let resent = publish_all(&js, "accounts.credit", &workload.messages, 64, deadline).await;
     let probe = Probe::new(&db);
@@ -588,7 +584,7 @@ async fn a_host_started_without_quorum_waits_for_it() {
             host.exited().is_none() && Instant::now() < deadline,
             "{} receipts of 300; the host's log:\n{}",
             probe.receipts(CONSUMER).await.unwrap_or(0),
-            log(&host)
+            std::fs::read_to_string(&host.log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -602,4 +598,21 @@ async fn a_host_started_without_quorum_waits_for_it() {
     assert_eq!(stats.processed, 300);
     assert_eq!(stats.dead_lettered, 1);
     assert_eq!(stats.duplicates, (workload.duplicates + resent) as u64);
+}
+
+/// Waits until `host`'s log holds `text`; fails with `failure` and the log
+/// if the host exits first or `within` passes.
+async fn until_logged(host: &mut HostProcess, text: &str, within: Duration, failure: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let log = std::fs::read_to_string(&host.log).unwrap_or_default();
+        if log.contains(text) {
+            return;
+        }
+        assert!(
+            host.exited().is_none() && Instant::now() < deadline,
+            "{failure}; its log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
