@@ -91,6 +91,20 @@ pub enum ClockError {
     NoTime,
 }
 
+impl ClockError {
+    /// Whether asking again may succeed: JetStream did not answer, or
+    /// answered "not now" ([`ClockError::Unreadable`]'s `unanswered`).
+    pub fn unanswered(&self) -> bool {
+        matches!(
+            self,
+            ClockError::Unreadable {
+                unanswered: true,
+                ..
+            }
+        )
+    }
+}
+
 /// Reads the broker's clock from `stream`'s info (`$JS.API.STREAM.INFO`),
 /// taken to be at the midpoint of the request on this host's monotonic
 /// clock.

@@ -134,15 +134,7 @@ impl Host {
                     let (broker_ms, at) = nats
                         .through_elections(
                             &format!("the clock of stream `{}`", h.stream),
-                            |e| {
-                                matches!(
-                                    e,
-                                    clock::ClockError::Unreadable {
-                                        unanswered: true,
-                                        ..
-                                    }
-                                )
-                            },
+                            clock::ClockError::unanswered,
                             || clock::read(js, &h.stream),
                         )
                         .await
