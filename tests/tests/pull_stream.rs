@@ -2,12 +2,14 @@
 //! it keeps outstanding are counted so that it never waits for messages the
 //! server already sent (the stall async-nats 0.51's own pull stream showed
 //! with small pulls drained fast), and a request the server ends (408, with
-//! what was left of it) is counted off and asked for again.
+//! what was left of it) is counted off and asked for again; a raised size
+//! holds in progress what it buffers beyond the usual one.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use async_nats::jetstream::{self, consumer::pull};
-use idem::broker::{PullError, PullSettings, PullStream, SharedPin};
+use idem::broker::{KeepAlive, PullError, PullSettings, PullStream, Raise, SharedPin};
 use idem_tests::*;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A stream `PULL` on `pull.>` with `n` messages `0..n`, and a durable
@@ -303,4 +305,86 @@ async fn a_pull_stream_opened_again_keeps_its_pin() {
         "the standby was served while another stream held the pin"
     );
     assert_eq!(*pin.lock().unwrap(), given);
+}
+
+/// Waits until `s` holds `n` messages not yet taken (failing the test
+/// after 10 s).
+async fn until_buffered(s: &PullStream, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.buffered() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} buffered, not {n}",
+            s.buffered()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn what_a_raised_size_buffers_is_held_in_progress_and_the_rest_is_not() {
+    let ack_wait = Duration::from_secs(1);
+    let nats = Nats::start();
+    let js = stream_with_consumer(
+        &nats,
+        20,
+        pull::Config {
+            ack_wait,
+            ..Default::default()
+        },
+    )
+    .await;
+    let raise = Arc::new(Raise::new(KeepAlive::new(ack_wait)));
+    let long = settings(4, Duration::from_secs(30), Duration::from_secs(5));
+    let mut s = PullStream::open_raised(
+        &js,
+        "PULL",
+        "c",
+        long,
+        Arc::default(),
+        SharedPin::default(),
+        Some(raise.clone()),
+    )
+    .await
+    .unwrap();
+    // The usual request: 4 messages, none held.
+    until_buffered(&s, 4).await;
+    raise.set(Some(16));
+    let first = next_item(&mut s, Duration::from_secs(5)).await.unwrap();
+    first.ack().await.unwrap();
+    // Taking one lets the task ask again, for 16: all of them held.
+    until_buffered(&s, 19).await;
+    raise.set(None);
+    // Past ack_wait three times over, nothing taken.
+    tokio::time::sleep(ack_wait * 3).await;
+    // Another client's request gets what the server redelivers: the three
+    // of the usual request, not the sixteen held.
+    let other_settings = settings(20, Duration::from_secs(30), Duration::from_secs(5));
+    let mut other = PullStream::open(&js, "PULL", "c", other_settings)
+        .await
+        .unwrap();
+    let mut redelivered = Vec::new();
+    for _ in 0..3 {
+        redelivered.push(
+            next_item(&mut other, Duration::from_secs(10))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(payloads(&redelivered), vec![1, 2, 3]);
+    for m in &redelivered {
+        assert_eq!(m.info().unwrap().delivered, 2);
+        m.ack().await.unwrap();
+    }
+    // Nothing else comes while the sixteen are held (two ack_waits).
+    let more = tokio::time::timeout(ack_wait * 2, other.next()).await;
+    if let Ok(Some(Ok(m))) = &more {
+        panic!(
+            "a held message was redelivered: {:?}",
+            payloads(std::slice::from_ref(m))
+        );
+    }
+    assert!(more.is_err(), "{more:?}");
+    let left = s.close();
+    assert_eq!(payloads(&left), (1..20).collect::<Vec<_>>());
 }

@@ -5,6 +5,7 @@
 
 use super::liveness::Liveness;
 use super::pull_stream::{PullError, PullSettings, PullStream, SharedPin};
+use super::surplus::Raise;
 use super::{Broker, PULL_EXPIRES, PULL_HEARTBEAT, ensure_consumer_from};
 use crate::backoff;
 use crate::config::HandlerConfig;
@@ -59,6 +60,9 @@ pub struct Deliveries {
     /// The pin a partition's consumer gave this host, across the pull
     /// streams opened.
     pin: SharedPin,
+    /// The size the consuming loop may raise for a while
+    /// ([`Deliveries::raise_with`]), given to each pull stream opened.
+    raise: Option<Arc<Raise>>,
 }
 
 /// How often [`Deliveries`] reads its consumer's ack floor again.
@@ -97,7 +101,15 @@ impl Deliveries {
             failed: None,
             liveness,
             pin: SharedPin::default(),
+            raise: None,
         }
+    }
+
+    /// Lets the consuming loop raise the pull size for a while through
+    /// `raise` ([`super::surplus`]): what the pull streams opened from now
+    /// on buffer beyond the usual size is held in progress until taken.
+    pub fn raise_with(&mut self, raise: Arc<Raise>) {
+        self.raise = Some(raise);
     }
 
     /// The pin a partition's consumer gave this host (`None` while it
@@ -274,7 +286,7 @@ impl Deliveries {
     pub async fn open(&mut self) -> Result<(), PullError> {
         if self.stream.is_none() {
             let info = self.consumer.cached_info();
-            let stream = PullStream::open_pinned(
+            let stream = PullStream::open_raised(
                 &self.js,
                 &info.stream_name,
                 &info.name,
@@ -286,6 +298,7 @@ impl Deliveries {
                 },
                 self.liveness.clone(),
                 self.pin.clone(),
+                self.raise.clone(),
             )
             .await?;
             self.stream = Some(stream);
@@ -295,7 +308,8 @@ impl Deliveries {
 
     /// Stops fetching at shutdown and hands back the messages already
     /// fetched but never given out by [`Deliveries::next`] (buffered in the
-    /// pull stream, up to about one and a half `pull_size`), for the caller to
+    /// pull stream, up to about one and a half `pull_size`, or `pull_batch`
+    /// while the loop raised the size), for the caller to
     /// nak without delay so another host gets them at once
     /// (ARCHITECTURE.md, "Shutdown"). The pull stream is closed: a message
     /// the server sent after this is redelivered after `ack_wait`.

@@ -33,11 +33,13 @@ mod in_progress;
 pub mod liveness;
 pub mod partition;
 mod pull_stream;
+pub mod surplus;
 pub mod unanswered;
 pub use connect::connect;
 pub use deliveries::{CONSUMER_LOST_GRACE, ConsumerLost, Deliveries, Out};
 pub use in_progress::{InProgress, KeepAlive, in_progress};
 pub use pull_stream::{PullError, PullSettings, PullStream, SharedPin};
+pub use surplus::Raise;
 
 /// Heartbeat asked of the server for each pull request (JetStream sends an idle
 /// heartbeat when no messages flow; two missed ones surface as an error item

@@ -39,7 +39,9 @@
 //! gains the pin counts off its other requests (the server serves only the
 //! one it pinned) and asks again with the pin.
 
+use super::in_progress::InProgress;
 use super::liveness::Liveness;
+use super::surplus::Raise;
 use async_nats::jetstream;
 use async_nats::{StatusCode, Subscriber};
 use futures::StreamExt;
@@ -110,7 +112,9 @@ pub struct PullSettings {
 /// task; messages delivered to it and not taken are not acked, so the server
 /// delivers them again after `ack_wait`.
 pub struct PullStream {
-    items: mpsc::UnboundedReceiver<Result<jetstream::Message, PullError>>,
+    /// Each message with its hold while it waits here, when the stream's
+    /// [`Raise`] made one.
+    items: mpsc::UnboundedReceiver<Result<Held, PullError>>,
     /// Messages sent into `items` and not yet taken.
     buffered: Arc<AtomicUsize>,
     /// Tells the task a message was taken (it may ask for more).
@@ -173,6 +177,25 @@ impl PullStream {
         liveness: Arc<Liveness>,
         pin: SharedPin,
     ) -> Result<Self, PullError> {
+        Self::open_raised(js, stream, consumer, settings, liveness, pin, None).await
+    }
+
+    /// [`PullStream::open_pinned`] with a size the caller may raise for a
+    /// while through `raise` (read before each request), every message
+    /// buffered beyond the usual size held in progress until it is taken
+    /// ([`super::surplus`]).
+    ///
+    /// # Errors
+    /// As [`PullStream::open`].
+    pub async fn open_raised(
+        js: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+        settings: PullSettings,
+        liveness: Arc<Liveness>,
+        pin: SharedPin,
+        raise: Option<Arc<Raise>>,
+    ) -> Result<Self, PullError> {
         let client = js.client();
         let inbox = client.new_inbox();
         let subscriber = client
@@ -188,6 +211,8 @@ impl PullStream {
             pin,
             last_request: tokio::time::Instant::now(),
             settings,
+            raise,
+            largest_sent: 0,
             outstanding: 0,
             buffered: Arc::new(AtomicUsize::new(0)),
             taken: Arc::new(Notify::new()),
@@ -211,21 +236,22 @@ impl PullStream {
     /// returned or stays for the next call.
     pub async fn next(&mut self) -> Option<Result<jetstream::Message, PullError>> {
         let item = self.items.recv().await?;
-        if item.is_ok() {
-            self.buffered.fetch_sub(1, Relaxed);
-            self.taken.notify_one();
-        }
-        Some(item)
+        Some(self.took(item))
     }
 
     /// An item already here, without waiting (`None` when there is none).
     pub fn try_next(&mut self) -> Option<Result<jetstream::Message, PullError>> {
         let item = self.items.try_recv().ok()?;
-        if item.is_ok() {
-            self.buffered.fetch_sub(1, Relaxed);
-            self.taken.notify_one();
-        }
-        Some(item)
+        Some(self.took(item))
+    }
+
+    /// Counts a message taken (its hold, if any, ends: the caller keeps it
+    /// from here) and tells the task.
+    fn took(&self, item: Result<Held, PullError>) -> Result<jetstream::Message, PullError> {
+        let (msg, _hold) = item?;
+        self.buffered.fetch_sub(1, Relaxed);
+        self.taken.notify_one();
+        Ok(msg)
     }
 
     /// Messages delivered to this stream and not yet taken.
@@ -240,7 +266,7 @@ impl PullStream {
         self.items.close();
         let mut left = Vec::new();
         while let Ok(item) = self.items.try_recv() {
-            if let Ok(msg) = item {
+            if let Ok((msg, _hold)) = item {
                 left.push(msg);
             }
         }
@@ -267,6 +293,10 @@ fn request_body(settings: PullSettings, size: usize, pin: Option<&str>) -> bytes
     body.to_string().into()
 }
 
+/// A message waiting in a [`PullStream`], with its hold when one was made
+/// ([`super::surplus`]).
+type Held = (jetstream::Message, Option<InProgress>);
+
 /// The pin the server gave a consumer's pull requests (`Nats-Pin-Id`), kept
 /// across the pull streams a handler opens; `None` while standing by.
 pub type SharedPin = Arc<std::sync::Mutex<Option<String>>>;
@@ -286,6 +316,13 @@ struct Puller {
     inbox: async_nats::Subject,
     request: bytes::Bytes,
     settings: PullSettings,
+    /// A size the consuming loop may raise for a while, and the hold of
+    /// what arrives beyond the usual one ([`super::surplus`]).
+    raise: Option<Arc<Raise>>,
+    /// The largest request sent since nothing was outstanding: what a
+    /// request the server ended without saying what was left is taken to
+    /// have asked for.
+    largest_sent: usize,
     /// The pin the server gave this consumer's requests (`Nats-Pin-Id`),
     /// while this host holds it.
     pin: SharedPin,
@@ -308,8 +345,19 @@ const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 impl Puller {
     /// Publishes one pull request, counted before it is sent.
     async fn request(&mut self) -> Result<(), PullError> {
-        let (size, body) = (self.settings.size.max(1), self.request.clone());
+        let size = self.size();
+        let body = if size == self.settings.size.max(1) {
+            self.request.clone()
+        } else {
+            request_body(self.settings, size, current(&self.pin).as_deref())
+        };
         self.send(size, body).await
+    }
+
+    /// Messages per request now: the usual size, or the raised one.
+    fn size(&self) -> usize {
+        let usual = self.settings.size.max(1);
+        self.raise.as_ref().map_or(usual, |r| r.size(usual))
     }
 
     /// Publishes a request for one message, so that the server hears from
@@ -321,6 +369,10 @@ impl Puller {
 
     /// Publishes `body`, a request for `size` messages, counted first.
     async fn send(&mut self, size: usize, body: bytes::Bytes) -> Result<(), PullError> {
+        if self.outstanding == 0 {
+            self.largest_sent = 0;
+        }
+        self.largest_sent = self.largest_sent.max(size);
         self.outstanding += size;
         self.client
             .publish_with_reply(self.subject.clone(), self.inbox.clone(), body)
@@ -345,14 +397,14 @@ impl Puller {
 
     /// Whether at most half a request is buffered or still to come.
     fn wants_more(&self) -> bool {
-        self.outstanding + self.buffered.load(Relaxed) <= self.settings.size.max(1) / 2
+        self.outstanding + self.buffered.load(Relaxed) <= self.size() / 2
     }
 
     /// Receives until an error ends the stream or the receiver is dropped.
     async fn run(
         mut self,
         mut subscriber: Subscriber,
-        tx: mpsc::UnboundedSender<Result<jetstream::Message, PullError>>,
+        tx: mpsc::UnboundedSender<Result<Held, PullError>>,
     ) {
         let silence = self.settings.heartbeat * 2;
         let mut heard = tokio::time::Instant::now();
@@ -403,10 +455,16 @@ impl Puller {
                 return;
             };
             heard = tokio::time::Instant::now();
+            // Buffered or on the way when it came: the same sum after it.
+            let in_flight = self.outstanding + self.buffered.load(Relaxed);
             match self.answer(msg) {
                 Ok(Some(msg)) => {
+                    let hold = self
+                        .raise
+                        .as_ref()
+                        .and_then(|r| r.hold(&msg, self.settings.size.max(1), in_flight));
                     self.buffered.fetch_add(1, Relaxed);
-                    if tx.send(Ok(msg)).is_err() {
+                    if tx.send(Ok((msg, hold))).is_err() {
                         return;
                     }
                 }
@@ -497,14 +555,18 @@ impl Puller {
     }
 
     /// Takes off the count what was left of a request the server ended
-    /// (`Nats-Pending-Messages`; all of a request when it does not say).
+    /// (`Nats-Pending-Messages`; when it does not say, the largest request
+    /// that may be out: counting too little makes the next request go out
+    /// early, and with a [`Raise`] what it brings beyond the usual bound
+    /// is held, where counting too much would ask for nothing until the
+    /// silence is noticed).
     fn settle_ended(&mut self, msg: &async_nats::Message) {
         let left = msg
             .headers
             .as_ref()
             .and_then(|h| h.get("Nats-Pending-Messages"))
             .and_then(|v| v.as_str().parse().ok())
-            .unwrap_or(self.settings.size.max(1));
+            .unwrap_or(self.largest_sent.max(1));
         self.outstanding = self.outstanding.saturating_sub(left);
         if self.outstanding == 0 {
             self.liveness.satisfied();

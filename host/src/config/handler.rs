@@ -151,7 +151,9 @@ pub struct HandlerConfig {
     /// Most messages requested per pull (the pull size; the key keeps its
     /// name, `batch` is messages per transaction). Default 16; lowered at start so a
     /// buffered message cannot wait past `ack_wait`, never below 2
-    /// ([`HandlerConfig::pull_size`]).
+    /// ([`HandlerConfig::pull_size`]). Unbatched, a run of copies is
+    /// pulled `pull_batch` at a time, what is fetched beyond the lowered
+    /// size held in progress ([`crate::broker::surplus`]).
     #[serde(default = "default_pull_batch")]
     pub pull_batch: usize,
     /// Time bound on each statement of a message's transaction (PostgreSQL

@@ -73,6 +73,30 @@ impl Pipeline {
         worth_a_lookup(delivered, false, self.copies.now())
     }
 
+    /// The pull size while copies are arriving ([`CopiesArriving`]): the
+    /// handler's `pull_batch`, when that is above its usual pull size
+    /// ([`crate::config::HandlerConfig::pull_size`]); `None` otherwise.
+    /// What the pull stream buffers beyond the usual size meanwhile is
+    /// held in progress ([`broker::Raise`]).
+    pub fn raised_pull_size(&self) -> Option<usize> {
+        let (usual, most) = (self.config.pull_size(), self.config.pull_batch);
+        (self.copies.now() && most > usual).then_some(most)
+    }
+
+    /// The most deliveries one receipt lookup of the unbatched loop takes
+    /// from the pull stream: the raised pull size while copies arrive, the
+    /// usual one otherwise.
+    pub fn lookup_size(&self) -> usize {
+        self.raised_pull_size()
+            .unwrap_or_else(|| self.config.pull_size())
+    }
+
+    /// A [`broker::Raise`] holding with this handler's keep-alive: what
+    /// the unbatched loop raises its pull size through.
+    pub fn raise(&self) -> std::sync::Arc<broker::Raise> {
+        std::sync::Arc::new(broker::Raise::new(self.keep_alive.clone()))
+    }
+
     /// Whether a delivery counted `delivered` with `message_id` is worth a
     /// receipt lookup ([`worth_a_lookup`]).
     pub(super) fn worth_a_lookup(&self, delivered: u64, message_id: &str) -> bool {

@@ -39,6 +39,15 @@ pub(super) async fn consume(
             .batch
             .linger(pipeline.config().batch_linger),
     );
+    // Unbatched, the pull size is raised while copies arrive, so that one
+    // lookup takes more of them (ARCHITECTURE.md, "Duplicates found before
+    // the transaction"); what the pull stream buffers beyond its usual size
+    // meanwhile is held in progress.
+    let raise = (batch == 1).then(|| {
+        let raise = pipeline.raise();
+        deliveries.raise_with(raise.clone());
+        raise
+    });
     let mut ready = Some(stopping.ready);
     if deliveries.open().await.is_ok()
         && let Some(ready) = ready.take()
@@ -65,6 +74,10 @@ pub(super) async fn consume(
             if !gate.ready().await {
                 break;
             }
+        }
+        if let Some(raise) = &raise {
+            raise.set(pipeline.raised_pull_size());
+            raise.keep_arrivals(!looked_up.is_empty());
         }
         // Whether `msgs` is one delivery a lookup has found new.
         let mut from_lookup = !looked_up.is_empty();
@@ -99,9 +112,15 @@ pub(super) async fn consume(
             // Likely a copy: one lookup for it and what its pull stream has
             // buffered; the copies are acked together, the rest run one by
             // one before the next pull.
-            deliveries
-                .fill(&mut msgs, pipeline.config().pull_size(), Duration::ZERO)
-                .await;
+            // One size for the fill and the pull stream; and what arrives
+            // during the lookup is held, as it may wait behind what the
+            // lookup finds new.
+            let size = pipeline.lookup_size();
+            if let Some(raise) = &raise {
+                raise.set(Some(size));
+                raise.keep_arrivals(true);
+            }
+            deliveries.fill(&mut msgs, size, Duration::ZERO).await;
             let (copies, rest) = pipeline.split_duplicates(std::mem::take(&mut msgs)).await;
             if !copies.is_empty() {
                 let p = pipeline.clone();
@@ -117,6 +136,11 @@ pub(super) async fn consume(
                 let kept = pipeline.keep_in_progress(&m);
                 (m, kept)
             }));
+            if let Some(raise) = &raise {
+                // These run before anything the pull stream brings now.
+                raise.set(pipeline.raised_pull_size());
+                raise.keep_arrivals(!looked_up.is_empty());
+            }
             match looked_up.pop_front() {
                 Some((msg, _kept)) => msgs.push(msg),
                 None => continue,
