@@ -269,6 +269,94 @@ async fn sqlite_begin_on_an_idle_connection_waits_for_a_lock_held_elsewhere() {
     assert_eq!(db.sqlite_write_lock_waits(), Some(2));
 }
 
+/// The receipt lookup finds committed receipts of its consumer only: not
+/// another consumer's, not one inserted by a transaction still open on
+/// another connection (`hold` begins it and returns its commit). On SQLite
+/// the first lookup, before any transaction, has no idle connection and
+/// reads through sqlx; the later ones run on the connection the
+/// transaction left idle (`direct::Conns::read_now`).
+async fn lookup_finds_committed_receipts<F, C>(db: &Database, hold: impl FnOnce(String) -> F)
+where
+    F: std::future::Future<Output = C>,
+    C: std::future::Future<Output = ()>,
+{
+    let (consumer, other) = (unique("c"), unique("c"));
+    let ids = ["evt_1", "evt_2", "evt_3", "evt_x"];
+    let sorted = |found: std::collections::HashSet<String>| {
+        let mut found: Vec<String> = found.into_iter().collect();
+        found.sort();
+        found
+    };
+    assert!(
+        db.existing_receipts(&consumer, &ids)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let mut tx = db.begin().await.unwrap();
+    for id in ["evt_1", "evt_2"] {
+        assert!(tx.insert_receipt(&receipt(&consumer, id)).await.unwrap());
+    }
+    assert!(tx.insert_receipt(&receipt(&other, "evt_x")).await.unwrap());
+    tx.commit().await.unwrap();
+    let commit = hold(format!(
+        "INSERT INTO idem_receipts (consumer, message_id, stream_sequence, module_digest, published_ms) VALUES ('{consumer}', 'evt_3', 7, 'abc', 0)"
+    ))
+    .await;
+    let found = db.existing_receipts(&consumer, &ids).await.unwrap();
+    assert_eq!(sorted(found), ["evt_1", "evt_2"]);
+    commit.await;
+    let found = db.existing_receipts(&consumer, &ids).await.unwrap();
+    assert_eq!(sorted(found), ["evt_1", "evt_2", "evt_3"]);
+}
+
+#[tokio::test]
+#[expect(
+    clippy::async_yields_async,
+    reason = "the hold yields the commit, awaited after a lookup"
+)]
+async fn lookup_finds_committed_receipts_pg() {
+    use sqlx::Connection as _;
+    lookup_finds_committed_receipts(&pg().await, |insert| async move {
+        let mut c = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        async move {
+            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+#[expect(
+    clippy::async_yields_async,
+    reason = "the hold yields the commit, awaited after a lookup"
+)]
+async fn lookup_finds_committed_receipts_sqlite() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    lookup_finds_committed_receipts(&sqlite(&dir).await, |insert| async move {
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        async move {
+            sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        }
+    })
+    .await;
+}
+
 async fn dead_letters_are_idempotent(db: &Database) {
     let consumer = unique("c");
     let headers = vec![

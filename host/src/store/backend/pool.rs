@@ -294,11 +294,7 @@ pub(in crate::store) trait Pool: Send + Sync + Sized + 'static {
     ) -> Result<Vec<String>, sqlx::Error> {
         let ids =
             serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        let sql = Self::SELECT_EXISTING_RECEIPTS.into_sql_str();
-        let rows = self
-            .fetch_all(sql, &[Param::Text(consumer), Param::Text(&ids)])
-            .await?;
-        rows.iter().map(|r| r.text(0)).collect()
+        existing_receipts_fetched(self, consumer, &ids).await
     }
 
     /// `(count, oldest published_ms, newest published_ms)` of `consumer`'s
@@ -429,4 +425,22 @@ pub(in crate::store) trait PoolRoles: Pool {
     async fn session_user(&self) -> Result<Option<(String, bool)>, sqlx::Error> {
         Ok(None)
     }
+}
+
+/// [`Pool::existing_receipts`] through [`Pool::fetch_all`], `ids` the JSON
+/// array of the message ids: the provided method, and a backend's fallback
+/// when it overrides it.
+///
+/// # Errors
+/// The query fails.
+pub(in crate::store) async fn existing_receipts_fetched<P: Pool>(
+    pool: &P,
+    consumer: &str,
+    ids: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    let sql = P::SELECT_EXISTING_RECEIPTS.into_sql_str();
+    let rows = pool
+        .fetch_all(sql, &[Param::Text(consumer), Param::Text(ids)])
+        .await?;
+    rows.iter().map(|r| r.text(0)).collect()
 }

@@ -156,6 +156,37 @@ impl Conns {
         Ok(conn)
     }
 
+    /// Runs `read` (a query outside any transaction) on an idle connection
+    /// on the calling task, when a connection is idle and free now and the
+    /// database is a file: no hop to a connection's thread and back, as a
+    /// read through sqlx takes. The read runs with no busy handler, so
+    /// SQLite answers `SQLITE_BUSY` at once in the rare case a WAL read
+    /// would wait (a WAL index being rebuilt), instead of sleeping on the
+    /// task. `None`: nothing was run (no idle connection, or an in-memory
+    /// database); `Some(Err)` with `SQLITE_BUSY` ([`is_busy`]): read
+    /// through sqlx instead.
+    pub fn read_now<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Option<rusqlite::Result<T>> {
+        let shared = &self.0;
+        if shared.spec.in_memory {
+            return None;
+        }
+        let _permit = Arc::clone(&shared.permits).try_acquire_owned().ok()?;
+        let conn = lock(&shared.idle).pop()?;
+        let (result, reusable) = {
+            let c = lock(&conn);
+            let result = c.busy_timeout(Duration::ZERO).and_then(|()| read(&c));
+            let restored = c.busy_timeout(shared.spec.busy_timeout).is_ok();
+            (result, restored && c.is_autocommit())
+        };
+        if reusable && !shared.permits.is_closed() {
+            lock(&shared.idle).push(conn);
+        }
+        Some(result)
+    }
+
     /// Closes the idle connections; later transactions fail (`PoolClosed`).
     pub fn close(&self) {
         self.0.permits.close();
@@ -208,7 +239,7 @@ fn begin_without_waiting(conn: &Connection, busy_timeout: Duration) -> rusqlite:
 }
 
 /// Whether `e` is `SQLITE_BUSY` (any extended code of it).
-fn is_busy(e: &rusqlite::Error) -> bool {
+pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DatabaseBusy)
 }
 

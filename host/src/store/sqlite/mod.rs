@@ -135,6 +135,28 @@ impl backend::Pool for Pool {
     /// `json_each` is SQLite's own (built in since 3.38).
     const SELECT_EXISTING_RECEIPTS: &'static str = "SELECT message_id FROM idem_receipts WHERE consumer = $1 AND message_id IN (SELECT value FROM json_each($2))";
 
+    /// On an idle connection on the calling task when one is free
+    /// ([`direct::Conns::read_now`]), else through sqlx: a lookup runs
+    /// for every pull or batch while copies arrive.
+    async fn existing_receipts(
+        &self,
+        consumer: &str,
+        message_ids: &[&str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let ids =
+            serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let read = self.1.read_now(|c| {
+            let mut select = c.prepare_cached(Self::SELECT_EXISTING_RECEIPTS)?;
+            let found = select.query_map(rusqlite::params![consumer, ids], |r| r.get(0))?;
+            found.collect::<rusqlite::Result<Vec<String>>>()
+        });
+        match read {
+            Some(Ok(found)) => Ok(found),
+            Some(Err(e)) if !direct::is_busy(&e) => Err(to_sqlx(e)),
+            _ => backend::existing_receipts_fetched(self, consumer, &ids).await,
+        }
+    }
+
     async fn connect(
         url: &str,
         max_connections: u32,
