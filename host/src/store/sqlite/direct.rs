@@ -157,14 +157,17 @@ impl Conns {
     }
 
     /// Runs `read` (a query outside any transaction) on an idle connection
-    /// on the calling task, when a connection is idle and free now and the
-    /// database is a file: no hop to a connection's thread and back, as a
-    /// read through sqlx takes. The read runs with no busy handler, so
-    /// SQLite answers `SQLITE_BUSY` at once in the rare case a WAL read
-    /// would wait (a WAL index being rebuilt), instead of sleeping on the
-    /// task. `None`: nothing was run (no idle connection, or an in-memory
-    /// database); `Some(Err)` with `SQLITE_BUSY` ([`is_busy`]): read
-    /// through sqlx instead.
+    /// on the calling task, when a connection is idle, a permit is free now
+    /// and the database is a file: no hop to a connection's thread and
+    /// back, as a read through sqlx takes. The read runs with no busy
+    /// handler, so where a WAL read would wait for the busy handler SQLite
+    /// answers `SQLITE_BUSY` at once; SQLite's own short retries while a
+    /// writer swaps the WAL index still sleep on the task, as a BEGIN's do
+    /// ([`begin_without_waiting`]). The read is synchronous: a caller's
+    /// timeout cannot cut it short, so it must be small (a lookup by
+    /// primary key). `None`: nothing was run (no idle connection or free
+    /// permit, or an in-memory database); `Some(Err)` with `SQLITE_BUSY`
+    /// ([`is_busy`]): read through sqlx instead.
     pub fn read_now<T>(
         &self,
         read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
