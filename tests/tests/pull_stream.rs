@@ -263,10 +263,7 @@ async fn a_pull_stream_opened_again_keeps_its_pin() {
     };
     let liveness = std::sync::Arc::new(idem::broker::liveness::Liveness::default());
     let pin = SharedPin::default();
-    let mut first =
-        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness.clone(), pin.clone())
-            .await
-            .unwrap();
+    let mut first = open_pinned(&js, pinned, liveness.clone(), pin.clone()).await;
     let m = next_item(&mut first, Duration::from_secs(5)).await.unwrap();
     m.ack().await.unwrap();
     let given = pin.lock().unwrap().clone();
@@ -279,14 +276,8 @@ async fn a_pull_stream_opened_again_keeps_its_pin() {
         given
     );
     drop(first);
-    let mut again =
-        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness.clone(), pin.clone())
-            .await
-            .unwrap();
-    let mut standby =
-        PullStream::open_pinned(&js, "PULL", "c", pinned, liveness, SharedPin::default())
-            .await
-            .unwrap();
+    let mut again = open_pinned(&js, pinned, liveness.clone(), pin.clone()).await;
+    let mut standby = open_pinned(&js, pinned, liveness, SharedPin::default()).await;
     let m = next_item(&mut again, Duration::from_secs(5)).await.unwrap();
     assert_eq!(payloads(std::slice::from_ref(&m)), vec![1]);
     m.ack().await.unwrap();
@@ -305,6 +296,19 @@ async fn a_pull_stream_opened_again_keeps_its_pin() {
         "the standby was served while another stream held the pin"
     );
     assert_eq!(*pin.lock().unwrap(), given);
+}
+
+/// A pull stream on consumer `c` of `PULL` with `settings` (pinned), its
+/// pin kept in `pin`.
+async fn open_pinned(
+    js: &jetstream::Context,
+    settings: PullSettings,
+    liveness: Arc<idem::broker::liveness::Liveness>,
+    pin: SharedPin,
+) -> PullStream {
+    PullStream::open_raised(js, "PULL", "c", settings, liveness, pin, None)
+        .await
+        .unwrap()
 }
 
 /// Waits until `s` holds `n` messages not yet taken (failing the test

@@ -158,32 +158,28 @@ impl PullStream {
         settings: PullSettings,
         liveness: Arc<Liveness>,
     ) -> Result<Self, PullError> {
-        Self::open_pinned(js, stream, consumer, settings, liveness, Arc::default()).await
+        Self::open_raised(
+            js,
+            stream,
+            consumer,
+            settings,
+            liveness,
+            Arc::default(),
+            None,
+        )
+        .await
     }
 
-    /// [`PullStream::open_heard`] for a consumer with a priority group
-    /// ([`PullSettings::pinned`]), starting from the pin in `pin` and
-    /// keeping there the one the server gives or takes back, so a pull
-    /// stream opened again (a reconnect, a pause) keeps this host's pin
-    /// instead of waiting `priority_timeout` for it to lapse.
+    /// [`PullStream::open_heard`], also:
     ///
-    /// # Errors
-    /// As [`PullStream::open`].
-    pub async fn open_pinned(
-        js: &jetstream::Context,
-        stream: &str,
-        consumer: &str,
-        settings: PullSettings,
-        liveness: Arc<Liveness>,
-        pin: SharedPin,
-    ) -> Result<Self, PullError> {
-        Self::open_raised(js, stream, consumer, settings, liveness, pin, None).await
-    }
-
-    /// [`PullStream::open_pinned`] with a size the caller may raise for a
-    /// while through `raise` (read before each request), every message
-    /// buffered beyond the usual size held in progress until it is taken
-    /// ([`super::surplus`]).
+    /// - for a consumer with a priority group ([`PullSettings::pinned`]),
+    ///   starting from the pin in `pin` and keeping there the one the server
+    ///   gives or takes back, so a pull stream opened again (a reconnect, a
+    ///   pause) keeps this host's pin instead of waiting `priority_timeout`
+    ///   for it to lapse;
+    /// - with a size the caller may raise for a while through `raise` (read
+    ///   before each request), what is buffered beyond the usual size held
+    ///   in progress until it is taken ([`super::surplus`]).
     ///
     /// # Errors
     /// As [`PullStream::open`].

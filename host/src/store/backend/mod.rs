@@ -29,7 +29,7 @@
 mod pool;
 mod transaction;
 
-pub(super) use pool::{Pool, PoolRoles, PruneLock, existing_receipts_fetched};
+pub(super) use pool::{Pool, PoolRoles, PruneLock, existing_receipts_fetched, ids_json};
 pub(super) use transaction::{Batch, CompileHook, RowFunctions, Transaction, TxRoles};
 
 use super::DeadLetterRow;

@@ -292,9 +292,7 @@ pub(in crate::store) trait Pool: Send + Sync + Sized + 'static {
         consumer: &str,
         message_ids: &[&str],
     ) -> Result<Vec<String>, sqlx::Error> {
-        let ids =
-            serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        existing_receipts_fetched(self, consumer, &ids).await
+        existing_receipts_fetched(self, consumer, &ids_json(message_ids)?).await
     }
 
     /// `(count, oldest published_ms, newest published_ms)` of `consumer`'s
@@ -427,8 +425,16 @@ pub(in crate::store) trait PoolRoles: Pool {
     }
 }
 
+/// `message_ids` as the JSON array [`Pool::SELECT_EXISTING_RECEIPTS`] binds.
+///
+/// # Errors
+/// Never in practice (strings always encode); `Encode` if one did not.
+pub(in crate::store) fn ids_json(message_ids: &[&str]) -> Result<String, sqlx::Error> {
+    serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))
+}
+
 /// [`Pool::existing_receipts`] through [`Pool::fetch_all`], `ids` the JSON
-/// array of the message ids: the provided method, and a backend's fallback
+/// array of the message ids ([`ids_json`]): the provided method, and a backend's fallback
 /// when it overrides it.
 ///
 /// # Errors

@@ -143,8 +143,7 @@ impl backend::Pool for Pool {
         consumer: &str,
         message_ids: &[&str],
     ) -> Result<Vec<String>, sqlx::Error> {
-        let ids =
-            serde_json::to_string(message_ids).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let ids = backend::ids_json(message_ids)?;
         let read = self.1.read_now(|c| {
             let mut select = c.prepare_cached(Self::SELECT_EXISTING_RECEIPTS)?;
             let found = select.query_map(rusqlite::params![consumer, ids], |r| r.get(0))?;
