@@ -113,8 +113,8 @@ pub(super) async fn consume(
             // buffered; the copies are acked together, the rest run one by
             // one before the next pull.
             // One size for the fill and the pull stream; and what arrives
-            // during the lookup is held, as it may wait behind what the
-            // lookup finds new.
+            // from here until the next pass sets the raise again is held,
+            // as it may wait behind what the lookup finds new.
             let size = pipeline.lookup_size();
             if let Some(raise) = &raise {
                 raise.set(Some(size));
@@ -136,11 +136,6 @@ pub(super) async fn consume(
                 let kept = pipeline.keep_in_progress(&m);
                 (m, kept)
             }));
-            if let Some(raise) = &raise {
-                // These run before anything the pull stream brings now.
-                raise.set(pipeline.raised_pull_size());
-                raise.keep_arrivals(!looked_up.is_empty());
-            }
             match looked_up.pop_front() {
                 Some((msg, _kept)) => msgs.push(msg),
                 None => continue,
