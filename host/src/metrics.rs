@@ -218,7 +218,8 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
 }
 
 /// Counts one `BEGIN IMMEDIATE` on SQLite that found the write lock held
-/// by another connection and waited for it
+/// by a writer outside the host's message transactions (which queue at
+/// their pool's write gate) and waited for it
 /// (`idem_sqlite_write_lock_waits_total`; ARCHITECTURE.md, "SQLite on the
 /// handler's task").
 pub fn sqlite_write_lock_waited() {

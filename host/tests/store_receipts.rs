@@ -222,53 +222,6 @@ async fn sqlite_concurrent_transactions_wait_for_the_writer() {
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
 }
 
-/// A connection given back to the pool takes the write lock without
-/// waiting when it is free; when another connection holds it, BEGIN waits
-/// for it (the busy timeout), also on that connection afterwards: trying
-/// without waiting leaves the connection's busy timeout as it was.
-#[tokio::test]
-async fn sqlite_begin_on_an_idle_connection_waits_for_a_lock_held_elsewhere() {
-    use sqlx::Connection as _;
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(sqlite(&dir).await);
-    let consumer = unique("c");
-    // One connection, idle in the pool from now on.
-    db.begin().await.unwrap().commit().await.unwrap();
-    // Its next BEGIN, uncontended, takes the lock on this task.
-    db.begin().await.unwrap().commit().await.unwrap();
-    assert_eq!(db.sqlite_write_lock_waits(), Some(0));
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let mut holder = sqlx::SqliteConnection::connect(&url).await.unwrap();
-    for id in ["evt_1", "evt_2"] {
-        sqlx::raw_sql("BEGIN IMMEDIATE")
-            .execute(&mut holder)
-            .await
-            .unwrap();
-        let (db2, c2) = (db.clone(), consumer.clone());
-        let waiting = tokio::spawn(async move {
-            let mut tx = db2.begin().await?;
-            let inserted = tx.insert_receipt(&receipt(&c2, id)).await?;
-            tx.commit().await?;
-            Ok::<_, anyhow::Error>(inserted)
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !waiting.is_finished(),
-            "BEGIN for {id} must wait for the lock"
-        );
-        sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
-        let inserted = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert!(inserted, "{id}");
-    }
-    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 2);
-    // Both BEGINs found the lock held on the idle connection, and waited.
-    assert_eq!(db.sqlite_write_lock_waits(), Some(2));
-}
-
 /// The receipt lookup finds committed receipts of its consumer only: not
 /// another consumer's, not one inserted by a transaction still open on
 /// another connection (`hold` begins it and returns its commit). On SQLite

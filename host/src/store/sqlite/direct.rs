@@ -16,6 +16,17 @@
 //! the task, without waiting) and `COMMIT` (fsync, and the WAL checkpoint
 //! it may run).
 //!
+//! SQLite lets one connection at a time hold a database's write lock, and
+//! every transaction here is a write (`BEGIN IMMEDIATE`). So this pool's
+//! transactions queue for a write gate of their own, first come first
+//! served, and the next one begins as soon as the one before committed
+//! or rolled back. Without it they would wait in SQLite's busy handler,
+//! which sleeps 1, 2, 5, 10 ms and more between its tries
+//! (`sqliteDefaultBusyCallback` in SQLite's `main.c`) while a message's
+//! transaction holds the lock for a fraction of a millisecond. Writers
+//! outside the gate (sqlx's pool, another process) still meet SQLite's
+//! lock and its busy timeout.
+//!
 //! The pool beside sqlx's (`super::Pool`): the same file and settings (WAL,
 //! `synchronous=FULL`, busy timeout, foreign keys on), up to the same
 //! number of connections. An in-memory database is opened by the name sqlx
@@ -81,6 +92,9 @@ struct Shared {
     /// BEGINs that found the write lock held and waited for it
     /// ([`Conns::lock_waits`]).
     lock_waits: AtomicU64,
+    /// The write gate (module docs): one permit, held from before
+    /// `BEGIN IMMEDIATE` until the transaction ends.
+    writer: Arc<Semaphore>,
 }
 
 /// Up to `max` connections, idle ones kept for the next transaction.
@@ -98,27 +112,46 @@ impl Conns {
             permits: Arc::new(Semaphore::new(max.max(1) as usize)),
             acquire_timeout,
             lock_waits: AtomicU64::new(0),
+            writer: Arc::new(Semaphore::new(1)),
         }))
     }
 
     /// How many BEGINs on an idle connection to a file found the write
     /// lock held by another connection (`SQLITE_BUSY` at once) and waited
-    /// for it on the blocking pool, since the pool was made. BEGINs that
-    /// open a connection, and every BEGIN in memory, wait there without
-    /// being asked first, and are not counted.
+    /// for it on the blocking pool, since the pool was made: a writer
+    /// outside this pool's write gate (sqlx's pool, another process).
+    /// BEGINs that open a connection, and every BEGIN in memory, wait
+    /// there without being asked first, and are not counted.
     pub fn lock_waits(&self) -> u64 {
         self.0.lock_waits.load(Ordering::Relaxed)
     }
 
-    /// A connection inside a new `BEGIN IMMEDIATE` transaction.
+    /// A connection inside a new `BEGIN IMMEDIATE` transaction, once the
+    /// write gate (module docs) let it through: it waits there for this
+    /// pool's other transactions at most the busy timeout, then for a
+    /// writer outside the gate the busy timeout again.
     ///
     /// # Errors
-    /// No connection is free within the acquire timeout
-    /// (`sqlx::Error::PoolTimedOut`), the pool is closed (`PoolClosed`), the
-    /// file cannot be opened, or `BEGIN IMMEDIATE` fails (the write lock
-    /// was not free within the busy timeout: `SQLITE_BUSY`).
+    /// The pool's other transactions held the write gate for the whole busy
+    /// timeout, or the write lock was not free within it (`SQLITE_BUSY`
+    /// either way), no connection is free within the acquire timeout
+    /// (`sqlx::Error::PoolTimedOut`), the pool is closed (`PoolClosed`),
+    /// the file cannot be opened, or `BEGIN IMMEDIATE` fails.
     pub async fn begin(&self) -> Result<Conn, sqlx::Error> {
         let shared = &self.0;
+        // The gate before a connection: what waits holds none, so a read
+        // (`read_now`) still finds one idle.
+        let writer = match Arc::clone(&shared.writer).try_acquire_owned() {
+            Ok(writer) => writer,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(sqlx::Error::PoolClosed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::time::timeout(
+                shared.spec.busy_timeout,
+                Arc::clone(&shared.writer).acquire_owned(),
+            )
+            .await
+            .map_err(|_| super::codes::to_sqlx(gate_busy()))?
+            .map_err(|_| sqlx::Error::PoolClosed)?,
+        };
         let permit = tokio::time::timeout(
             shared.acquire_timeout,
             Arc::clone(&shared.permits).acquire_owned(),
@@ -150,6 +183,7 @@ impl Conns {
             conn,
             shared: Arc::clone(shared),
             _permit: permit,
+            _writer: writer,
         };
         // A failed BEGIN leaves the connection as it was: back to the pool.
         begun.map_err(super::codes::to_sqlx)?;
@@ -193,8 +227,18 @@ impl Conns {
     /// Closes the idle connections; later transactions fail (`PoolClosed`).
     pub fn close(&self) {
         self.0.permits.close();
+        self.0.writer.close();
         lock(&self.0.idle).clear();
     }
+}
+
+/// `SQLITE_BUSY`, as BEGIN reports a write lock that stayed held for its
+/// busy timeout: here the pool's own transactions held the write gate.
+fn gate_busy() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+        Some("database is locked: this host's other transactions held the write lock for the whole busy timeout".into()),
+    )
 }
 
 /// `BEGIN IMMEDIATE` on the blocking pool, on `idle` or a connection
@@ -259,6 +303,10 @@ pub(super) struct Conn {
     conn: Shareable,
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
+    /// The write gate's permit. Fields drop in their order, after
+    /// [`Drop::drop`] rolled the connection back and gave it back: the
+    /// next transaction through the gate finds it idle.
+    _writer: OwnedSemaphorePermit,
 }
 
 impl Conn {
