@@ -4,7 +4,7 @@
 //! timeout (ARCHITECTURE.md, "SQLite on the handler's task").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use idem::store::{Database, ErrorClass, Receipt};
+use idem::store::{Database, DeadLetter, ErrorClass, Receipt};
 use idem_test_support::unique;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,10 +29,10 @@ fn receipt<'a>(consumer: &'a str, message_id: &'a str) -> Receipt<'a> {
     }
 }
 
-/// Three transactions begun while a fourth holds the write lock wait for
-/// it at the write gate, not in SQLite's busy handler (no BEGIN meets
-/// `SQLITE_BUSY`: the lock-wait count stays 0), and go through in the
-/// order they asked once it commits.
+/// Six transactions begun while a seventh holds the write lock wait for
+/// it at the write gate, not in SQLite's busy handler (whose sleeping
+/// tries would let them through in no particular order), and go through
+/// in the order they asked once it commits.
 #[tokio::test]
 async fn the_pools_transactions_queue_for_the_write_lock_in_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -47,7 +47,8 @@ async fn the_pools_transactions_queue_for_the_write_lock_in_order() {
     );
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiting = Vec::new();
-    for id in ["evt_1", "evt_2", "evt_3"] {
+    let ids = ["evt_1", "evt_2", "evt_3", "evt_4", "evt_5", "evt_6"];
+    for id in ids {
         let (db, consumer, order) = (db.clone(), consumer.clone(), order.clone());
         waiting.push(tokio::spawn(async move {
             let mut tx = db.begin().await?;
@@ -58,9 +59,9 @@ async fn the_pools_transactions_queue_for_the_write_lock_in_order() {
         }));
         // This test's runtime has one thread: the task runs up to its
         // wait before the next one is spawned.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         waiting.iter().all(|t| !t.is_finished()),
         "a BEGIN went through while the write lock was held"
@@ -75,8 +76,8 @@ async fn the_pools_transactions_queue_for_the_write_lock_in_order() {
             .unwrap();
         assert!(inserted);
     }
-    assert_eq!(*order.lock().unwrap(), ["evt_1", "evt_2", "evt_3"]);
-    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 4);
+    assert_eq!(*order.lock().unwrap(), ids);
+    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 7);
     assert_eq!(db.sqlite_write_lock_waits(), Some(0));
 }
 
@@ -98,6 +99,10 @@ async fn a_wait_at_the_write_gate_past_the_busy_timeout_is_busy() {
         panic!("BEGIN went through while the write lock was held");
     };
     assert_eq!(e.class(), ErrorClass::Busy, "{e}");
+    assert!(
+        e.to_string().contains("this host's other writes"),
+        "not the write gate's: {e}"
+    );
     assert!(started.elapsed() >= Duration::from_millis(300));
     holder.rollback().await.unwrap();
     let mut tx = db.begin().await.unwrap();
@@ -109,6 +114,66 @@ async fn a_wait_at_the_write_gate_past_the_busy_timeout_is_busy() {
     tx.commit().await.unwrap();
     assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
     assert_eq!(db.sqlite_write_lock_waits(), Some(0));
+}
+
+/// A write of the host's through sqlx's pool (a dead letter) queues at
+/// the write gate with the message transactions, in order: it goes
+/// through before a transaction that asked after it, rather than polling
+/// in SQLite's busy handler while the transactions hand the lock on.
+#[tokio::test]
+async fn a_dead_letter_queues_for_the_write_lock_with_the_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(sqlite(&dir).await);
+    let consumer = unique("c");
+    let holder = db.begin().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let letter = {
+        let (db, consumer, order) = (db.clone(), consumer.clone(), order.clone());
+        tokio::spawn(async move {
+            let headers: Vec<(String, String)> = Vec::new();
+            db.dead_letter(&DeadLetter {
+                consumer: &consumer,
+                message_id: Some("evt_9"),
+                stream: "ACCOUNTS",
+                stream_sequence: 17,
+                published_ns: 1_700_000_000_123_456_789,
+                subject: "accounts.credit",
+                reason: "rejected",
+                headers: &headers,
+                payload: &[1, 2, 3],
+            })
+            .await?;
+            order.lock().unwrap().push("dead letter");
+            Ok::<_, anyhow::Error>(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = {
+        let (db, consumer, order) = (db.clone(), consumer.clone(), order.clone());
+        tokio::spawn(async move {
+            let mut tx = db.begin().await?;
+            order.lock().unwrap().push("transaction");
+            tx.insert_receipt(&receipt(&consumer, "evt_1")).await?;
+            // Held a while: a dead letter polling for the lock would find
+            // it taken.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.commit().await?;
+            Ok::<_, anyhow::Error>(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(order.lock().unwrap().is_empty());
+    holder.commit().await.unwrap();
+    for task in [letter, after] {
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["dead letter", "transaction"]);
+    assert_eq!(db.dead_letters(&consumer).await.unwrap().len(), 1);
+    assert_eq!(db.receipt_count(&consumer).await.unwrap(), 1);
 }
 
 /// A connection given back to the pool takes the write lock without

@@ -297,6 +297,8 @@ impl Database {
                     Param::Int(lease),
                     Param::Int(i64::from(limit)),
                 ];
+                // A write: through SQLite's write gate.
+                let _writer = self.sqlite_writer().await?;
                 let rows = b.fetch_all(CLAIM_SQLITE.into_sql_str(), &params).await?;
                 rows.iter().map(decode).collect::<Result<Vec<_>, sqlx::Error>>()
             })?,

@@ -18,14 +18,18 @@
 //!
 //! SQLite lets one connection at a time hold a database's write lock, and
 //! every transaction here is a write (`BEGIN IMMEDIATE`). So this pool's
-//! transactions queue for a write gate of their own, first come first
-//! served, and the next one begins as soon as the one before committed
-//! or rolled back. Without it they would wait in SQLite's busy handler,
-//! which sleeps 1, 2, 5, 10 ms and more between its tries
-//! (`sqliteDefaultBusyCallback` in SQLite's `main.c`) while a message's
-//! transaction holds the lock for a fraction of a millisecond. Writers
-//! outside the gate (sqlx's pool, another process) still meet SQLite's
-//! lock and its busy timeout.
+//! transactions queue for a write gate, first come first served, and the
+//! next one begins as soon as the one before committed or rolled back.
+//! Without it they would wait in SQLite's busy handler, which sleeps 1, 2,
+//! 5, 10 ms and more between its tries (`sqliteDefaultBusyCallback` in
+//! SQLite's `main.c`) while a message's transaction holds the lock for a
+//! fraction of a millisecond. The host's writes through sqlx's pool
+//! (dead letters, pruning, deploy marks, the outbox relay's claims and
+//! marks) queue at the same gate ([`Conns::writer`]), or they would
+//! hardly ever find the lock free between two transactions. Writers
+//! outside the gate (another process, migrations and the host tables'
+//! creation at start, the availability probe) still meet SQLite's lock and
+//! its busy timeout.
 //!
 //! The pool beside sqlx's (`super::Pool`): the same file and settings (WAL,
 //! `synchronous=FULL`, busy timeout, foreign keys on), up to the same
@@ -127,9 +131,9 @@ impl Conns {
     }
 
     /// A connection inside a new `BEGIN IMMEDIATE` transaction, once the
-    /// write gate (module docs) let it through: it waits there for this
-    /// pool's other transactions at most the busy timeout, then for a
-    /// writer outside the gate the busy timeout again.
+    /// write gate (module docs) let it through: it waits there for the
+    /// host's other writes, then for a writer outside the gate, at most
+    /// the busy timeout in all.
     ///
     /// # Errors
     /// The pool's other transactions held the write gate for the whole busy
@@ -139,19 +143,11 @@ impl Conns {
     /// the file cannot be opened, or `BEGIN IMMEDIATE` fails.
     pub async fn begin(&self) -> Result<Conn, sqlx::Error> {
         let shared = &self.0;
-        // The gate before a connection: what waits holds none, so a read
-        // (`read_now`) still finds one idle.
-        let writer = match Arc::clone(&shared.writer).try_acquire_owned() {
-            Ok(writer) => writer,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(sqlx::Error::PoolClosed),
-            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::time::timeout(
-                shared.spec.busy_timeout,
-                Arc::clone(&shared.writer).acquire_owned(),
-            )
-            .await
-            .map_err(|_| super::codes::to_sqlx(gate_busy()))?
-            .map_err(|_| sqlx::Error::PoolClosed)?,
-        };
+        // The gate before a connection: what waits holds none.
+        let started = std::time::Instant::now();
+        let writer = self.writer().await?;
+        // What is left of the busy timeout for a writer outside the gate.
+        let lock_wait = shared.spec.busy_timeout.saturating_sub(started.elapsed());
         let permit = tokio::time::timeout(
             shared.acquire_timeout,
             Arc::clone(&shared.permits).acquire_owned(),
@@ -172,12 +168,12 @@ impl Conns {
                     Err(e) if is_busy(&e) => {
                         shared.lock_waits.fetch_add(1, Ordering::Relaxed);
                         crate::metrics::sqlite_write_lock_waited();
-                        begin_waiting(&shared.spec, Some(conn)).await?
+                        begin_waiting(&shared.spec, Some(conn), lock_wait).await?
                     }
                     begun => (conn, begun),
                 }
             }
-            idle => begin_waiting(&shared.spec, idle).await?,
+            idle => begin_waiting(&shared.spec, idle, lock_wait).await?,
         };
         let conn = Conn {
             conn,
@@ -188,6 +184,29 @@ impl Conns {
         // A failed BEGIN leaves the connection as it was: back to the pool.
         begun.map_err(super::codes::to_sqlx)?;
         Ok(conn)
+    }
+
+    /// The write gate's permit (module docs), for a write of the host's
+    /// that does not go through this pool (sqlx's): held while it runs, it
+    /// takes SQLite's lock between two message transactions instead of
+    /// polling for it while they hand the lock on. Waits at most the busy
+    /// timeout.
+    ///
+    /// # Errors
+    /// The gate stayed taken for the whole busy timeout (`SQLITE_BUSY`),
+    /// or the pool is closed (`PoolClosed`).
+    pub async fn writer(&self) -> Result<OwnedSemaphorePermit, sqlx::Error> {
+        let gate = &self.0.writer;
+        match Arc::clone(gate).try_acquire_owned() {
+            Ok(writer) => Ok(writer),
+            Err(tokio::sync::TryAcquireError::Closed) => Err(sqlx::Error::PoolClosed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                tokio::time::timeout(self.0.spec.busy_timeout, Arc::clone(gate).acquire_owned())
+                    .await
+                    .map_err(|_| super::codes::to_sqlx(gate_busy()))?
+                    .map_err(|_| sqlx::Error::PoolClosed)
+            }
+        }
     }
 
     /// Runs `read` (a query outside any transaction) on an idle connection
@@ -233,17 +252,18 @@ impl Conns {
 }
 
 /// `SQLITE_BUSY`, as BEGIN reports a write lock that stayed held for its
-/// busy timeout: here the pool's own transactions held the write gate.
+/// busy timeout: here the host's own writes held the write gate.
 fn gate_busy() -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-        Some("database is locked: this host's other transactions held the write lock for the whole busy timeout".into()),
+        Some("database is locked: this host's other writes held the write lock for the whole busy timeout".into()),
     )
 }
 
 /// `BEGIN IMMEDIATE` on the blocking pool, on `idle` or a connection
-/// opened as `spec` says, waiting for the write lock up to the busy
-/// timeout; the connection comes back with BEGIN's result.
+/// opened as `spec` says, waiting for the write lock up to `lock_wait`
+/// (the connection's busy timeout is set back after); the connection comes
+/// back with BEGIN's result.
 ///
 /// # Errors
 /// The blocking task failed (`WorkerCrashed`) or the connection could not
@@ -251,6 +271,7 @@ fn gate_busy() -> rusqlite::Error {
 async fn begin_waiting(
     spec: &OpenSpec,
     idle: Option<Shareable>,
+    lock_wait: Duration,
 ) -> Result<(Shareable, rusqlite::Result<()>), sqlx::Error> {
     let spec = spec.clone();
     tokio::task::spawn_blocking(move || {
@@ -258,7 +279,13 @@ async fn begin_waiting(
             Some(c) => c,
             None => Arc::new(Mutex::new(spec.open()?)),
         };
-        let begun = lock(&conn).execute_batch("BEGIN IMMEDIATE");
+        let begun = {
+            let c = lock(&conn);
+            c.busy_timeout(lock_wait)?;
+            let begun = c.execute_batch("BEGIN IMMEDIATE");
+            c.busy_timeout(spec.busy_timeout)?;
+            begun
+        };
         Ok::<_, rusqlite::Error>((conn, begun))
     })
     .await

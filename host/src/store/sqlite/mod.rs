@@ -97,6 +97,21 @@ impl super::Database {
             _ => None,
         }
     }
+
+    /// On SQLite, the write gate's permit for a write that runs through
+    /// sqlx's pool ([`direct::Conns::writer`]), to hold while it runs;
+    /// `None` on another database.
+    ///
+    /// # Errors
+    /// As [`direct::Conns::writer`].
+    pub(in crate::store) async fn sqlite_writer(
+        &self,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, sqlx::Error> {
+        match &self.0 {
+            Backend::Sqlite(p) => Ok(Some(p.1.writer().await?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 impl super::Tx {
@@ -293,15 +308,20 @@ impl backend::Pool for Pool {
         codes::is_undefined_table(e)
     }
 
+    /// Through the write gate ([`direct::Conns::writer`]): every caller
+    /// writes (pruning, deploy marks, outbox marks, dead-letter admin).
     async fn run(&self, sql: SqlStr, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let _writer = self.1.writer().await?;
         let done = bind_params(sqlx::query(sql), params)
             .execute(&self.0)
             .await?;
         Ok(done.rows_affected())
     }
 
-    /// In a `BEGIN IMMEDIATE` transaction of its own.
+    /// In a `BEGIN IMMEDIATE` transaction of its own, through the write
+    /// gate ([`direct::Conns::writer`]).
     async fn run_alone(&self, sql: SqlStr, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let _writer = self.1.writer().await?;
         let mut tx = self.0.begin_with("BEGIN IMMEDIATE").await?;
         let done = bind_params(sqlx::query(sql), params)
             .execute(&mut *tx)
