@@ -96,8 +96,9 @@ struct Shared {
     /// BEGINs that found the write lock held and waited for it
     /// ([`Conns::lock_waits`]).
     lock_waits: AtomicU64,
-    /// The write gate (module docs): one permit, held from before
-    /// `BEGIN IMMEDIATE` until the transaction ends.
+    /// The write gate (module docs): one permit, held by a message
+    /// transaction from before `BEGIN IMMEDIATE` until it ends, or by a
+    /// write through sqlx's pool while it runs ([`Conns::writer`]).
     writer: Arc<Semaphore>,
 }
 
@@ -136,9 +137,9 @@ impl Conns {
     /// the busy timeout in all.
     ///
     /// # Errors
-    /// The pool's other transactions held the write gate for the whole busy
-    /// timeout, or the write lock was not free within it (`SQLITE_BUSY`
-    /// either way), no connection is free within the acquire timeout
+    /// The host's other writes held the write gate for the whole busy
+    /// timeout, or the write lock was not free within what was left of it
+    /// (`SQLITE_BUSY` either way), no connection is free within the acquire timeout
     /// (`sqlx::Error::PoolTimedOut`), the pool is closed (`PoolClosed`),
     /// the file cannot be opened, or `BEGIN IMMEDIATE` fails.
     pub async fn begin(&self) -> Result<Conn, sqlx::Error> {
